@@ -1,0 +1,130 @@
+"""The per-op performance model: how long an op takes on a device with k threads.
+
+This module holds the *analytic* model, which needs no measurement: a roofline
+(compute at the device's per-core peak, derated per op kind, against memory
+traffic at the device's bandwidth) with Amdahl-style thread scaling and a
+per-thread synchronisation overhead.  It gives a prediction for any op on any
+preset machine, so the simulator runs everywhere.  ``opsched.backends.profiler``
+fits the same functional form to measured times (see ``FittedModel``).
+
+Public API every consumer relies on:
+
+* ``model.op_time(op, device, threads) -> seconds`` (op alone on the device);
+* ``model.time_table(graph, machine) -> TimeTable`` (all ops x devices x thread levels);
+* ``model.transfer_time(nbytes, src, dst, machine) -> seconds``;
+* ``model.mem_demand(op, device, threads) -> GB/s`` (used for co-run interference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from opsched.graph import KIND_INDEX, OP_KINDS, Op, OpGraph
+from opsched.machine import Device, Machine
+
+#: Fraction of a device's peak FLOP/s an op of each kind reaches (single thread);
+#: convolutions and GEMMs vectorise well, the rest mostly stream memory.
+KIND_EFFICIENCY = {
+    "conv": 0.55, "matmul": 0.65, "elementwise": 0.15, "pool": 0.2, "norm": 0.15,
+    "concat_split": 0.1, "reduce": 0.2, "embedding": 0.1, "rnn": 0.4, "attention": 0.45, "other": 0.15,
+}
+#: Serial (non-parallelisable) fraction per kind, for Amdahl's law.
+KIND_SERIAL = {
+    "conv": 0.03, "matmul": 0.03, "elementwise": 0.08, "pool": 0.08, "norm": 0.12,
+    "concat_split": 0.2, "reduce": 0.15, "embedding": 0.25, "rnn": 0.1, "attention": 0.06, "other": 0.2,
+}
+
+
+@dataclass(frozen=True)
+class TimeTable:
+    """Predicted op times for one graph on one machine.
+
+    ``times[i, d, l]``: seconds for op ``i`` on device ``d`` at thread level
+    ``levels[d][l]``; ``inf`` where level ``l`` does not exist for device ``d``.
+    """
+
+    times: np.ndarray
+    levels: tuple[tuple[int, ...], ...]
+    device_ids: tuple[str, ...]
+
+    @cached_property
+    def level_index(self) -> tuple[dict[int, int], ...]:
+        return tuple({t: k for k, t in enumerate(lv)} for lv in self.levels)
+
+    def time(self, op_index: int, device_index: int, threads: int) -> float:
+        return float(self.times[op_index, device_index, self.level_index[device_index][threads]])
+
+    def fastest(self) -> np.ndarray:
+        """Each op's fastest time over every device and thread level."""
+        return self.times.min(axis=(1, 2))
+
+    def on(self, device_index: int, threads: int) -> np.ndarray:
+        """Every op's time on one device at one thread count."""
+        return self.times[:, device_index, self.level_index[device_index][threads]]
+
+
+class AnalyticModel:
+    """Roofline + Amdahl, from op features and the machine's nominal figures.
+
+    t(k) = t_compute(1) * (s + (1 - s) / k)  maxed with  bytes / bw(k)
+           + launch_overhead + sync_overhead * (k - 1)
+    where bw(k) grows with k up to the device's bandwidth (one core cannot
+    saturate a socket's memory system).
+    """
+
+    name = "analytic"
+
+    def __init__(self, launch_overhead_s: float = 4e-6, sync_overhead_s: float = 1.5e-6,
+                 gpu_launch_s: float = 8e-6, single_core_bw_fraction: float = 0.25) -> None:
+        self.launch_overhead_s = launch_overhead_s
+        self.sync_overhead_s = sync_overhead_s
+        self.gpu_launch_s = gpu_launch_s
+        self.single_core_bw_fraction = single_core_bw_fraction
+
+    def _bw(self, device: Device, threads: int) -> float:
+        """Bytes/s available to an op on ``threads`` cores."""
+        if device.is_gpu:
+            return device.mem_bandwidth_gbs * 1e9
+        frac = min(1.0, self.single_core_bw_fraction * threads)
+        return max(frac, 1.0 / device.cores) * device.mem_bandwidth_gbs * 1e9
+
+    def op_time(self, op: Op, device: Device, threads: int) -> float:
+        eff = KIND_EFFICIENCY.get(op.kind, 0.15)
+        if device.is_gpu:
+            compute = op.flops / (device.gflops * 1e9 * eff)
+            memory = op.bytes_total / self._bw(device, 1)
+            return max(compute, memory) + self.gpu_launch_s
+        s = KIND_SERIAL.get(op.kind, 0.2)
+        compute1 = op.flops / (device.gflops * 1e9 * eff)
+        compute = compute1 * (s + (1.0 - s) / threads)
+        memory = op.bytes_total / self._bw(device, threads)
+        return max(compute, memory) + self.launch_overhead_s + self.sync_overhead_s * (threads - 1)
+
+    def mem_demand(self, op: Op, device: Device, threads: int) -> float:
+        """Memory bandwidth the op draws when alone (GB/s)."""
+        return op.bytes_total / self.op_time(op, device, threads) / 1e9
+
+    def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
+        levels = tuple(d.thread_levels() for d in machine.devices)
+        width = max(len(lv) for lv in levels)
+        times = np.full((len(graph.ops), len(machine.devices), width), np.inf)
+        for d, dev in enumerate(machine.devices):
+            for k, t in enumerate(levels[d]):
+                times[:, d, k] = [self.op_time(op, dev, t) for op in graph.ops]
+        return TimeTable(times, levels, tuple(dev.id for dev in machine.devices))
+
+    def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
+        return machine.transfer_time(nbytes, src, dst)
+
+
+def kind_one_hot(op: Op) -> np.ndarray:
+    v = np.zeros(len(OP_KINDS))
+    v[KIND_INDEX[op.kind]] = 1.0
+    return v
+
+
+def default_model() -> AnalyticModel:
+    return AnalyticModel()

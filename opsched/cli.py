@@ -1,0 +1,60 @@
+"""The ``opsched`` command line (typer + rich).
+
+Each subcommand lives in its own module under ``opsched/commands/`` and
+registers itself on :data:`app`; this file only creates the app and imports
+them, so adding a command never touches another's code.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="opsched",
+    help="Learn and apply fast schedules (threads, co-running, order, placement) for neural-network graphs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Learn and apply fast schedules for neural-network graphs."""
+
+
+def main() -> None:
+    """Entry point: run the app, turning opsched's own errors into one clear line."""
+    import sys
+
+    from rich.console import Console
+
+    from opsched.errors import OpschedError
+
+    try:
+        app(standalone_mode=False)
+    except OpschedError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {exc}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[yellow]interrupted[/yellow]")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+# Subcommands register themselves on import.
+from opsched.commands import (  # noqa: E402,F401
+    graphs,
+    machine,
+)
+
+if __name__ == "__main__":
+    main()

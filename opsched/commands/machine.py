@@ -1,0 +1,49 @@
+"""``opsched machine``: show this machine (probed) or a preset."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from opsched.cli import app
+from opsched.machine import PRESETS, get_machine
+
+
+@app.command("machine")
+def machine_cmd(
+    name: str = typer.Argument("local", help="'local' (probe this machine), a preset name, or a YAML file."),
+    list_presets: bool = typer.Option(False, "--list", help="List the presets instead."),
+    yaml_out: bool = typer.Option(False, "--yaml", help="Print the description as YAML (a template for your own)."),
+) -> None:
+    """Describe a machine: its devices, cores, speeds and links."""
+    console = Console()
+    if list_presets:
+        t = Table(title="machine presets")
+        for col in ("name", "devices", "description"):
+            t.add_column(col)
+        for m in PRESETS.values():
+            t.add_row(m.name, ", ".join(f"{d.id}({d.cores})" for d in m.devices), m.description)
+        console.print(t)
+        return
+    m = get_machine(name)
+    if yaml_out:
+        typer.echo(m.to_yaml())
+        return
+    t = Table(title=f"{m.name}: {m.description}")
+    for col in ("device", "kind", "name", "cores/streams", "sockets", "SMT", "GFLOP/s", "mem GB/s", "memory GB"):
+        t.add_column(col)
+    for d in m.devices:
+        t.add_row(d.id, d.kind, d.name, str(d.cores), str(d.sockets), str(d.smt), f"{d.gflops:g}",
+                  f"{d.mem_bandwidth_gbs:g}", f"{d.memory_gb:g}")
+    console.print(t)
+    if m.links:
+        lt = Table(title="links")
+        for col in ("between", "GB/s", "latency µs"):
+            lt.add_column(col)
+        for link in m.links:
+            lt.add_row(f"{link.a} <-> {link.b}", f"{link.bandwidth_gbs:g}", f"{link.latency_us:g}")
+        console.print(lt)
+    console.print(f"fingerprint: {m.fingerprint()}   thread levels: {m.cpu.thread_levels()}")
+    if m.source:
+        console.print(f"[dim]source: {m.source}[/dim]")

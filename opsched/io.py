@@ -1,0 +1,47 @@
+"""Small file helpers: writes that never leave a half-written file behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace``, so a
+    crash or Ctrl-C leaves either the old file or the new one, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def next_run_dir(root: str | Path, name: str) -> Path:
+    """Create and return ``root/<name>_<N>`` with N the next free number.
+
+    ``mkdir`` without ``exist_ok`` makes the choice race-free between processes."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        candidate = root / f"{name}_{n}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
