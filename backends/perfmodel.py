@@ -12,7 +12,8 @@ Public API every consumer relies on:
 * ``model.op_time(op, device, threads) -> seconds`` (op alone on the device);
 * ``model.time_table(graph, machine) -> TimeTable`` (all ops x devices x thread levels);
 * ``model.transfer_time(nbytes, src, dst, machine) -> seconds``;
-* ``model.mem_demand(op, device, threads) -> GB/s`` (used for co-run interference).
+* ``model.mem_demand(op, device, threads) -> GB/s`` and
+  ``model.slowdown(device, demands) -> factors >= 1`` (co-run interference).
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ class AnalyticModel:
     def mem_demand(self, op: Op, device: Device, threads: int) -> float:
         """Memory bandwidth the op draws when alone (GB/s)."""
         return op.bytes_total / self.op_time(op, device, threads) / 1e9
+
+    def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
+        """Co-run interference: multiplicative slowdown of each op running
+        together on ``device``, given each one's alone bandwidth demand (GB/s).
+
+        When the demands add up to more than the device's bandwidth, each op's
+        memory-bound share of its time stretches by the oversubscription (the
+        seed paper's observation that co-running memory-bound ops interfere
+        while compute-bound ones co-run almost for free)."""
+        demands = np.asarray(demands, dtype=float)
+        total = float(demands.sum())
+        bw = device.mem_bandwidth_gbs
+        if total <= bw or total <= 0:
+            return np.ones_like(demands)
+        mem_share = np.clip(demands / bw, 0.0, 1.0)
+        return 1.0 + mem_share * (total / bw - 1.0)
 
     def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
         levels = tuple(d.thread_levels() for d in machine.devices)
