@@ -32,7 +32,8 @@ class Backend(ABC):
         """Execute ``plan`` and return what happened."""
 
     def close(self) -> None:
-        """Release threads, processes and devices (idempotent)."""
+        """Release threads, processes and devices (idempotent); nothing to do by default."""
+        return None
 
     def __enter__(self) -> Backend:
         return self

@@ -1,0 +1,33 @@
+"""Importers: framework models in, :class:`~opsched.graph.OpGraph` out.
+
+* :func:`from_torch` (``opsched.importers.torch_fx``): a PyTorch ``nn.Module``
+  traced with torch.fx; the graph carries a ``TorchSource`` to run op by op.
+* :func:`from_keras` and :func:`from_tf_function` (``opsched.importers.tf_graph``):
+  TensorFlow models through their concrete function's graph.
+
+Names resolve lazily so that importing this package pulls in neither torch
+nor TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "from_torch": "opsched.importers.torch_fx",
+    "TorchSource": "opsched.importers.torch_fx",
+    "CompiledOp": "opsched.importers.torch_fx",
+    "Slot": "opsched.importers.torch_fx",
+    "from_keras": "opsched.importers.tf_graph",
+    "from_tf_function": "opsched.importers.tf_graph",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'opsched.importers' has no attribute {name!r}")

@@ -1,0 +1,201 @@
+"""Seeded random DAG families for training and generalisation tests.
+
+A policy trained on six zoo graphs would learn six graphs; these generators
+give it unlimited fresh ones with the *statistics* of real networks:
+
+* ``layered``: ops in levels of random width, each reading 1-3 ops of recent
+  levels (a CNN with branches and skip connections);
+* ``erdos_renyi``: each pair (i < j) of ops joined with probability p, chosen so
+  the mean in-degree is about 2 (Xie et al.'s ER wiring, oriented by index);
+* ``watts_strogatz``: a ring lattice of degree k rewired with probability p,
+  oriented by index (Xie et al.'s WS wiring, their best RandWire family).
+
+Op costs look like real ops: each op draws a kind from a mix weighted like
+imported CNNs and transformers, a tensor size (log-uniform), and derives its
+FLOPs, bytes and parameter bytes the way that kind would (a conv's FLOPs from
+channels and kernel, an elementwise op's bytes from its tensor, ...).  Edge
+bytes are the producer's output size.  Everything is drawn from
+``numpy.random.default_rng(seed)``: the same (family, n_ops, seed) always gives
+the same graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from opsched.errors import GraphError
+from opsched.graph import Edge, Op, OpGraph
+
+#: Kind mix (probabilities) of the synthetic ops, close to imported CNN/transformer graphs.
+KIND_MIX: dict[str, float] = {
+    "conv": 0.28, "matmul": 0.12, "elementwise": 0.30, "norm": 0.12,
+    "pool": 0.06, "concat_split": 0.06, "reduce": 0.04, "other": 0.02,
+}
+
+
+# ----------------------------------------------------------- wiring (edges)
+def layered_edges(n: int, rng: np.random.Generator, mean_width: float = 3.0) -> list[tuple[int, int]]:
+    """Levels of random width (1..2*mean_width); each op reads 1-3 ops from the
+    previous three levels, at least one from the level just before."""
+    levels: list[list[int]] = []
+    i = 0
+    while i < n:
+        w = int(min(n - i, rng.integers(1, int(2 * mean_width) + 1)))
+        levels.append(list(range(i, i + w)))
+        i += w
+    edges: set[tuple[int, int]] = set()
+    for li in range(1, len(levels)):
+        recent = [j for lv in levels[max(0, li - 3):li] for j in lv]
+        for dst in levels[li]:
+            edges.add((int(rng.choice(levels[li - 1])), dst))
+            for _ in range(int(rng.integers(0, 3))):
+                edges.add((int(rng.choice(recent)), dst))
+    # Every op outside the last level feeds something (no dangling branches).
+    for li in range(len(levels) - 1):
+        for src in levels[li]:
+            if not any(e[0] == src for e in edges):
+                edges.add((src, int(rng.choice(levels[li + 1]))))
+    return sorted(edges)
+
+
+def erdos_renyi_edges(n: int, p: float, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """G(n, p) on ops 0..n-1, each edge oriented from the lower index (a DAG)."""
+    if not 0.0 <= p <= 1.0:
+        raise GraphError(f"erdos_renyi: p must be in [0, 1], got {p}")
+    upper = np.triu(rng.random((n, n)) < p, k=1)
+    return [(int(i), int(j)) for i, j in zip(*np.nonzero(upper), strict=True)]
+
+
+def watts_strogatz_edges(n: int, k: int, p: float, rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Watts-Strogatz: a ring where each node links its k/2 clockwise neighbours,
+    each link rewired to a random node with probability p; oriented by index."""
+    if k % 2 or k < 2 or k >= n:
+        raise GraphError(f"watts_strogatz: k must be even with 2 <= k < n, got k={k}, n={n}")
+    adj = [set() for _ in range(n)]
+    for i in range(n):
+        for j in range(1, k // 2 + 1):
+            a, b = i, (i + j) % n
+            adj[a].add(b)
+            adj[b].add(a)
+    for j in range(1, k // 2 + 1):
+        for i in range(n):
+            b = (i + j) % n
+            if b in adj[i] and rng.random() < p:
+                choices = [u for u in range(n) if u != i and u not in adj[i]]
+                if choices:
+                    u = int(rng.choice(choices))
+                    adj[i].discard(b)
+                    adj[b].discard(i)
+                    adj[i].add(u)
+                    adj[u].add(i)
+    return sorted({(min(i, j), max(i, j)) for i in range(n) for j in adj[i]})
+
+
+# ------------------------------------------------------------- op costs
+def random_op(op_id: str, rng: np.random.Generator, kind: str | None = None) -> Op:
+    """One op with costs drawn the way a real op of its kind would have them.
+
+    Sizes follow an ImageNet CNN at batch 1 (float32): a stage s in 0..3 sets
+    the feature map (56 >> s pixels square) and the channels (about 64 << s),
+    so a conv costs from a few MFLOPs to a few hundred, like ResNet's; matmuls
+    are transformer/LSTM sized.  FLOPs are counted like torch's FlopCounterMode
+    (a multiply-add is 2; elementwise, pooling, norm ... count 0 and are bound
+    by their bytes).
+    """
+    kinds = list(KIND_MIX)
+    if kind is None:
+        kind = str(rng.choice(kinds, p=np.array(list(KIND_MIX.values())) / sum(KIND_MIX.values())))
+    stage = int(rng.integers(0, 4))
+    hw = 56 >> stage
+    c = int((64 << stage) * rng.choice([0.5, 1.0, 1.0, 1.5]))
+    if kind == "conv":
+        k = int(rng.choice([1, 1, 3, 3, 5]))
+        cout = int(c * rng.choice([0.5, 1, 1, 2, 4]))
+        depthwise = k > 1 and rng.random() < 0.2
+        groups = c if depthwise else 1
+        cout = c if depthwise else cout
+        shape: tuple[int, ...] = (1, cout, hw, hw)
+        params = cout * (c // groups) * k * k * 4
+        flops = 2.0 * cout * hw * hw * (c // groups) * k * k
+        read = c * hw * hw * 4 + params
+    elif kind == "matmul":
+        m = int(rng.choice([1, 16, 64, 128]))
+        kd, nd = (int(2 ** rng.integers(8, 12)) for _ in range(2))
+        shape = (m, nd)
+        params = kd * nd * 4
+        flops = 2.0 * m * kd * nd
+        read = m * kd * 4 + params
+    else:
+        shape = (1, c, hw, hw)
+        numel = c * hw * hw
+        params = 2 * c * 4 if kind == "norm" else 0
+        if kind == "pool":
+            shape = (1, c, max(1, hw // 2), max(1, hw // 2))
+        read = numel * 4 * (2 if kind in ("elementwise", "concat_split") else 1) + params
+        flops = 0.0
+    written = float(np.prod(shape)) * 4
+    return Op(id=op_id, name=f"{kind}_{op_id}", kind=kind, flops=float(flops), bytes_read=float(read),
+              bytes_written=written, param_bytes=float(params), shape=tuple(int(x) for x in shape),
+              dtype="float32")
+
+
+def _build(name: str, n: int, edges: list[tuple[int, int]], rng: np.random.Generator, meta: dict) -> OpGraph:
+    ops = [random_op(f"n{i}", rng) for i in range(n)]
+    # An op with producers reads what they wrote (plus its weights).
+    inbytes = [0.0] * n
+    for a, b in edges:
+        inbytes[b] += ops[a].bytes_written
+    ops = [replace(op, bytes_read=inbytes[i] + op.param_bytes) if inbytes[i] else op for i, op in enumerate(ops)]
+    e = [Edge(ops[a].id, ops[b].id, ops[a].bytes_written) for a, b in edges]
+    return OpGraph(tuple(ops), tuple(e), name=name, meta=meta)
+
+
+def layered(n_ops: int = 100, seed: int = 0, mean_width: float = 3.0) -> OpGraph:
+    rng = np.random.default_rng(seed)
+    edges = layered_edges(n_ops, rng, mean_width)
+    return _build(f"layered-{n_ops}-s{seed}", n_ops, edges, rng,
+                  {"source": "synthetic", "family": "layered", "seed": seed, "mean_width": mean_width})
+
+
+def erdos_renyi(n_ops: int = 100, seed: int = 0, p: float | None = None) -> OpGraph:
+    """ER DAG; the default p = 4 / n gives a mean in-degree of about 2."""
+    rng = np.random.default_rng(seed)
+    p = min(1.0, 4.0 / max(n_ops, 1)) if p is None else p
+    edges = erdos_renyi_edges(n_ops, p, rng)
+    return _build(f"erdos_renyi-{n_ops}-s{seed}", n_ops, edges, rng,
+                  {"source": "synthetic", "family": "erdos_renyi", "seed": seed, "p": p})
+
+
+def watts_strogatz(n_ops: int = 100, seed: int = 0, k: int = 4, p: float = 0.75) -> OpGraph:
+    """WS DAG with RandWire's best setting (k = 4, p = 0.75)."""
+    rng = np.random.default_rng(seed)
+    k_eff = min(k, (n_ops - 1) // 2 * 2)  # tiny graphs: the densest lattice that exists
+    edges = watts_strogatz_edges(n_ops, k_eff, p, rng) if k_eff >= 2 else [(i, i + 1) for i in range(n_ops - 1)]
+    return _build(f"watts_strogatz-{n_ops}-s{seed}", n_ops, edges, rng,
+                  {"source": "synthetic", "family": "watts_strogatz", "seed": seed, "k": k, "p": p})
+
+
+FAMILIES: dict[str, Callable[..., OpGraph]] = {
+    "layered": layered,
+    "erdos_renyi": erdos_renyi,
+    "watts_strogatz": watts_strogatz,
+}
+
+
+def generate(family: str, n_ops: int = 100, seed: int = 0, **options: float) -> OpGraph:
+    """A random graph of ``family`` with ``n_ops`` ops; deterministic for a seed."""
+    if family not in FAMILIES:
+        raise GraphError(f"unknown synthetic family {family!r}; the families are: {', '.join(FAMILIES)}")
+    if int(n_ops) < 1:
+        raise GraphError(f"synthetic {family}: n_ops must be >= 1, got {n_ops}")
+    try:
+        return FAMILIES[family](int(n_ops), int(seed), **options)
+    except TypeError as exc:
+        raise GraphError(f"synthetic {family}: bad option ({exc})") from None
+
+
+__all__ = ["FAMILIES", "KIND_MIX", "generate", "layered", "erdos_renyi", "watts_strogatz",
+           "layered_edges", "erdos_renyi_edges", "watts_strogatz_edges", "random_op"]
