@@ -13,7 +13,8 @@ MaskablePPO masks MultiDiscrete dimensions independently):
 
 ``slot`` is the op's position in the (possibly coarsened) graph, ``device``
 the index into ``machine.devices``, ``level`` the index into that device's
-``thread_levels()``.
+``thread_levels()``.  The environment's ``action_masks()`` returns a boolean
+vector of length ``ActionLayout(max_nodes).n`` in this order.
 """
 
 from __future__ import annotations
@@ -25,44 +26,64 @@ MAX_DEVICES = 8
 #: The most thread levels per device (1, 2, 4, ..., 64, all cores) = 8.
 MAX_LEVELS = 8
 
+#: The observation's keys (a gymnasium ``Dict`` of ``Box``es), with shapes for
+#: ``N = max_nodes`` and ``E = max_edges``:
+#: node_static (N, len(STATIC_FEATURES)) float32, node_dynamic (N, len(DYNAMIC_FEATURES))
+#: float32, node_mask (N,) float32, edge_index (2, E) int64 (row 0 source slot, row 1
+#: target slot; padding 0), edge_mask (E,) float32, hardware (MAX_DEVICES,
+#: len(HARDWARE_FEATURES)) float32, globals (len(GLOBAL_FEATURES),) float32.
+OBS_KEYS: tuple[str, ...] = (
+    "node_static", "node_dynamic", "node_mask", "edge_index", "edge_mask", "hardware", "globals",
+)
+#: Default padding: edges per node slot when ``max_edges`` is not given.
+EDGES_PER_NODE = 4
+
+#: "reference" below is the graph's sequential makespan (every op alone, one
+#: after another, with all CPU cores) in the simulator -- the reward reference
+#: of simulated episodes; observations use it in real mode too.  All columns
+#: lie in [0, 1] (values are clipped where noted).
 #: Per-op static features (columns of obs["node_static"]).
 STATIC_FEATURES: tuple[str, ...] = (
     # one-hot kind, 11 columns, in opsched.graph.OP_KINDS order
     "kind_conv", "kind_matmul", "kind_elementwise", "kind_pool", "kind_norm", "kind_concat_split",
     "kind_reduce", "kind_embedding", "kind_rnn", "kind_attention", "kind_other",
-    "log_flops",          # log10(1 + flops) / 12
-    "log_bytes",          # log10(1 + bytes read + written) / 10
-    "time_1",             # predicted time on the CPU at 1 thread / reference time
-    "scaling",            # time at all CPU cores / time at 1 thread (1 = no speed-up)
-    "best_time",          # fastest predicted time over devices and levels / reference time
+    "log_flops",          # log10(1 + flops) / 12, clipped to 1
+    "log_bytes",          # log10(1 + bytes read + written) / 10, clipped to 1
+    "time_1",             # predicted CPU time at 1 thread / sum of every op's CPU time at 1 thread
+    "scaling",            # parallel efficiency on all CPU cores: time_1 / (cores * time_all), clipped to 1
+                          # (1 = perfect speed-up, ~1/cores = none)
+    "best_time",          # fastest predicted time over devices and levels / reference
     "upward_rank",        # upward rank (fastest times) / critical path length
     "in_degree",          # in-degree / 8 (clipped to 1)
     "out_degree",         # out-degree / 8 (clipped to 1)
+    "gpu_time",           # predicted time on the first GPU / reference (clipped to 1); 0 without GPUs
 )
 #: Per-op dynamic state (columns of obs["node_dynamic"]).
 DYNAMIC_FEATURES: tuple[str, ...] = (
     "waiting", "ready", "running", "done",   # one-hot state
-    "device_frac",        # (device index + 1) / MAX_DEVICES when started, else 0
-    "threads_frac",       # threads / device cores when started, else 0
-    "remaining",          # remaining predicted time / reference time (running ops), else 0
+    "device_frac",        # (device index + 1) / MAX_DEVICES once started, else 0
+    "threads_frac",       # threads / device slots once started, else 0
+    "remaining",          # running ops: predicted time to finish (transfer wait included) / reference,
+                          # clipped to 1; else 0
 )
-#: Per-device hardware state (obs["hardware"] has MAX_DEVICES rows of these).
+#: Per-device hardware state (obs["hardware"] has MAX_DEVICES rows of these;
+#: rows of absent devices are all 0).
 HARDWARE_FEATURES: tuple[str, ...] = (
     "present",            # 1 if the machine has this device
     "is_gpu",
-    "log_cores",          # log2(cores) / 7
+    "log_cores",          # log2(slots) / 7, clipped to 1
     "free_frac",          # free slots / slots
-    "busy_until",         # (latest end of a running op - now) / reference time
-    "mem_frac",           # memory held by live tensors / device memory (clipped to 1)
-    "log_gflops",         # log10(peak GFLOP/s) / 5
-    "log_bandwidth",      # log10(memory GB/s) / 4
+    "busy_until",         # (latest predicted end of an op running there - now) / reference, clipped to 1
+    "mem_frac",           # bytes of live tensors there / device memory (clipped to 1)
+    "log_gflops",         # log10(peak GFLOP/s of one slot for a CPU, of the device for a GPU) / 5
+    "log_bandwidth",      # log10(memory GB/s) / 4, clipped to 1
 )
 #: Global scalars (obs["globals"]).
 GLOBAL_FEATURES: tuple[str, ...] = (
-    "time",               # current time / reference time
+    "time",               # now / (now + reference): 0 at the start, 0.5 at one reference, -> 1
     "frac_done",          # ops done / ops
     "frac_ready",         # ready ops / ops
-    "log_nodes",          # log2(ops) / 10
+    "log_nodes",          # log2(ops in the (coarsened) graph) / 10, clipped to 1
 )
 
 

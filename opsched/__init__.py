@@ -20,6 +20,8 @@ from opsched.machine import PRESETS, Device, Link, Machine, get_machine
 from opsched.plan import Assignment, Plan
 from opsched.trace import Trace, TraceEvent
 
+import opsched.envs  # noqa: E402,F401  (registers the Gymnasium ids; skipped without gymnasium)
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -366,9 +366,14 @@ class OpGraph:
 
     def fingerprint(self) -> str:
         """A stable hash of the structure and costs (not the name or meta)."""
-        body = {"ops": self.to_dict()["ops"], "edges": self.to_dict()["edges"]}
-        blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return self._fingerprint
+
+    @cached_property
+    def _fingerprint(self) -> str:
+        # Computed once: the graph is immutable and every Plan.validate asks for it.
+        d = self.to_dict()
+        blob = json.dumps({"ops": d["ops"], "edges": d["edges"]}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "<dict>") -> OpGraph:

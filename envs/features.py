@@ -1,0 +1,287 @@
+"""Observation building for :class:`~opsched.envs.schedule_env.ScheduleEnv`.
+
+Split in two so a step costs little: :func:`prepare_episode` computes, once
+per (graph, machine, model, max_nodes), everything that does not change
+during an episode (coarsening, the simulator's tables, the reward reference,
+the padded static features and edges); :func:`observe` and
+:func:`action_mask` then read the simulator's state with a few vectorised
+numpy operations per step.  Column meanings live in :mod:`opsched.envs.spaces`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from opsched.backends.sim import RUNNING, SimState, SimStatic, lower_bound, prepare
+from opsched.envs.coarsen import Coarsening, coarsen
+from opsched.envs.spaces import (
+    DYNAMIC_FEATURES,
+    GLOBAL_FEATURES,
+    HARDWARE_FEATURES,
+    MAX_DEVICES,
+    MAX_LEVELS,
+    STATIC_FEATURES,
+    ActionLayout,
+)
+
+from opsched.errors import GraphError, MachineError
+from opsched.graph import KIND_INDEX, OpGraph
+from opsched.machine import Machine
+
+_S = {k: i for i, k in enumerate(STATIC_FEATURES)}
+_D = {k: i for i, k in enumerate(DYNAMIC_FEATURES)}
+_H = {k: i for i, k in enumerate(HARDWARE_FEATURES)}
+#: thread count standing for "no such level" (never fits)
+_NO_LEVEL = 1 << 30
+
+
+def observation_space(max_nodes: int, max_edges: int) -> spaces.Dict:
+    """The Dict of Boxes every ScheduleEnv with these sizes observes."""
+    def unit(*shape: int) -> spaces.Box:
+        return spaces.Box(0.0, 1.0, shape=shape, dtype=np.float32)
+
+    return spaces.Dict({
+        "node_static": unit(max_nodes, len(STATIC_FEATURES)),
+        "node_dynamic": unit(max_nodes, len(DYNAMIC_FEATURES)),
+        "node_mask": unit(max_nodes),
+        "edge_index": spaces.Box(0, max(max_nodes - 1, 0), shape=(2, max_edges), dtype=np.int64),
+        "edge_mask": unit(max_edges),
+        "hardware": unit(MAX_DEVICES, len(HARDWARE_FEATURES)),
+        "globals": unit(len(GLOBAL_FEATURES)),
+    })
+
+
+def check_machine(machine: Machine) -> None:
+    """The env's fixed layout fits at most MAX_DEVICES devices and MAX_LEVELS levels."""
+    if len(machine.devices) > MAX_DEVICES:
+        raise MachineError(f"machine {machine.name!r} has {len(machine.devices)} devices; the environment "
+                           f"supports at most MAX_DEVICES={MAX_DEVICES}")
+    for dev in machine.devices:
+        if len(dev.thread_levels()) > MAX_LEVELS:
+            raise MachineError(f"machine {machine.name!r}: device {dev.id} has {len(dev.thread_levels())} thread "
+                               f"levels {dev.thread_levels()}; the environment supports at most "
+                               f"MAX_LEVELS={MAX_LEVELS} (up to 128 cores)")
+
+
+@dataclass(eq=False)
+class EpisodeData:
+    """Everything static about one (graph, machine) episode."""
+
+    graph: OpGraph              # the graph the plan is for (original)
+    machine: Machine
+    coarsening: Coarsening      # .graph is what the episode schedules
+    static: SimStatic           # simulator tables of the scheduled graph
+    reference: float            # reward reference: sequential makespan (s)
+    lower_bound: float          # lower_bound(original graph) (s)
+    max_nodes: int
+    node_static: np.ndarray     # (N, F_s) float32
+    node_mask: np.ndarray       # (N,) float32
+    edge_index: np.ndarray      # (2, E) int64
+    edge_mask: np.ndarray       # (E,) float32
+    hw_static: np.ndarray       # (MAX_DEVICES, F_h) float32, dynamic columns 0
+    level_threads: np.ndarray   # (MAX_DEVICES, MAX_LEVELS) int64, _NO_LEVEL where absent
+    slots: np.ndarray           # (n_dev,) float
+    mem_capacity: np.ndarray    # (n_dev,) bytes
+    log_nodes: float
+    fits_cache: dict = field(default_factory=dict)  # free slots per device -> flat (device, level) fits
+
+    @property
+    def n(self) -> int:
+        return self.static.n
+
+
+def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int, max_edges: int) -> EpisodeData:
+    if not graph.ops:
+        raise GraphError(f"graph {graph.name!r} has no ops: there is nothing to schedule")
+    check_machine(machine)
+    full = prepare(graph, machine, model)
+    fastest = full.table.times.min(axis=(1, 2))
+    co = coarsen(graph, max_nodes, cost=fastest, max_edges=max_edges)
+    static = full if co.identity else SimStatic(co.graph, machine, full.model, table=co.table(full.table))
+    cpu = machine.device_index["cpu"]
+    reference = float(static.table.on(cpu, machine.cpu.cores).sum())
+    n = static.n
+    feats = node_static_features(co.graph, static, machine, reference)
+    node_static = np.zeros((max_nodes, len(STATIC_FEATURES)), np.float32)
+    node_static[:n] = feats
+    node_mask = np.zeros(max_nodes, np.float32)
+    node_mask[:n] = 1.0
+    pairs = sorted(co.graph.edge_bytes)
+    edge_index = np.zeros((2, max_edges), np.int64)
+    edge_mask = np.zeros(max_edges, np.float32)
+    if pairs:
+        edge_index[:, : len(pairs)] = np.array(pairs, dtype=np.int64).T
+        edge_mask[: len(pairs)] = 1.0
+    hw = np.zeros((MAX_DEVICES, len(HARDWARE_FEATURES)), np.float32)
+    lt = np.full((MAX_DEVICES, MAX_LEVELS), _NO_LEVEL, np.int64)
+    for d, dev in enumerate(machine.devices):
+        hw[d, _H["present"]] = 1.0
+        hw[d, _H["is_gpu"]] = float(dev.is_gpu)
+        hw[d, _H["log_cores"]] = min(math.log2(dev.cores) / 7.0, 1.0)
+        hw[d, _H["log_gflops"]] = min(max(math.log10(dev.gflops) / 5.0, 0.0), 1.0)
+        hw[d, _H["log_bandwidth"]] = min(max(math.log10(dev.mem_bandwidth_gbs) / 4.0, 0.0), 1.0)
+        levels = dev.thread_levels()
+        lt[d, : len(levels)] = levels
+    return EpisodeData(
+        graph=graph, machine=machine, coarsening=co, static=static, reference=reference,
+        lower_bound=lower_bound(graph, machine, full.model), max_nodes=max_nodes,
+        node_static=node_static, node_mask=node_mask, edge_index=edge_index, edge_mask=edge_mask,
+        hw_static=hw, level_threads=lt, slots=np.array([d.cores for d in machine.devices], float),
+        mem_capacity=np.array([max(d.memory_gb, 1e-9) * 1e9 for d in machine.devices]),
+        log_nodes=min(math.log2(max(n, 1)) / 10.0, 1.0),
+    )
+
+
+def node_static_features(graph: OpGraph, static: SimStatic, machine: Machine, reference: float) -> np.ndarray:
+    """(n, len(STATIC_FEATURES)) float32; see :data:`opsched.envs.spaces.STATIC_FEATURES`."""
+    n = len(graph.ops)
+    out = np.zeros((n, len(STATIC_FEATURES)), np.float32)
+    if n == 0:
+        return out
+    out[np.arange(n), [KIND_INDEX[op.kind] for op in graph.ops]] = 1.0
+    flops = np.array([op.flops for op in graph.ops])
+    nbytes = np.array([op.bytes_total for op in graph.ops])
+    out[:, _S["log_flops"]] = np.clip(np.log10(1.0 + flops) / 12.0, 0.0, 1.0)
+    out[:, _S["log_bytes"]] = np.clip(np.log10(1.0 + nbytes) / 10.0, 0.0, 1.0)
+    times = static.table.times
+    cpu = machine.device_index["cpu"]
+    cores = machine.cpu.cores
+    t1 = times[:, cpu, 0]
+    t_all = times[:, cpu, static.level_index[cpu][cores]]
+    out[:, _S["time_1"]] = t1 / max(float(t1.sum()), 1e-30)
+    out[:, _S["scaling"]] = np.clip(t1 / (cores * np.maximum(t_all, 1e-30)), 0.0, 1.0)
+    fastest = times.min(axis=(1, 2))
+    out[:, _S["best_time"]] = np.clip(fastest / reference, 0.0, 1.0)
+    rank = graph.upward_rank_array(fastest)
+    out[:, _S["upward_rank"]] = rank / max(float(rank.max()), 1e-30)
+    out[:, _S["in_degree"]] = np.minimum([len(p) / 8.0 for p in graph.pred_index], 1.0)
+    out[:, _S["out_degree"]] = np.minimum([len(s) / 8.0 for s in graph.succ_index], 1.0)
+    gpus = [d for d, dev in enumerate(machine.devices) if dev.is_gpu]
+    if gpus:
+        out[:, _S["gpu_time"]] = np.clip(times[:, gpus[0], 0] / reference, 0.0, 1.0)
+    return out
+
+
+_HW_DYN = slice(_H["free_frac"], _H["mem_frac"] + 1)
+assert (_H["busy_until"], _H["mem_frac"]) == (_H["free_frac"] + 1, _H["free_frac"] + 2)
+
+
+class Observer:
+    """Builds observations (and action masks) of one episode incrementally.
+
+    The per-op state columns change only when an op becomes ready, starts or
+    finishes, so the env reports those transitions (:meth:`ready`,
+    :meth:`started`, :meth:`completed`) and :meth:`observe` only fills in
+    what moves with time (remaining times, the hardware rows, the globals).
+    Pinned against the from-scratch :func:`observe` by the tests.
+    """
+
+    def __init__(self, data: EpisodeData, st: SimState) -> None:
+        self.data = data
+        self.st = st
+        self.dyn = np.zeros((data.max_nodes, len(DYNAMIC_FEATURES)), np.float32)
+        self.dyn[: data.n, _D["waiting"]] = 1.0
+        self.ready_vec = np.zeros(data.max_nodes, dtype=bool)
+        self._slots = data.slots.tolist()
+        self._mem_cap = data.mem_capacity.tolist()
+        self._fits: dict[tuple[int, ...], np.ndarray] = data.fits_cache
+        self.ready(list(st.newly_ready))
+
+    def ready(self, ops: list[int]) -> None:
+        if ops:
+            self.dyn[ops, _D["waiting"]] = 0.0
+            self.dyn[ops, _D["ready"]] = 1.0
+            self.ready_vec[ops] = True
+
+    def started(self, i: int, d: int, threads: int) -> None:
+        self.dyn[i, 1:6] = (0.0, 1.0, 0.0, (d + 1) / MAX_DEVICES, threads / self._slots[d])
+        self.ready_vec[i] = False
+
+    def completed(self, ops: list[int]) -> None:
+        self.dyn[ops, 2:4] = (0.0, 1.0)
+        self.dyn[ops, _D["remaining"]] = 0.0
+
+    def action_mask(self) -> np.ndarray:
+        """Joint boolean mask over the flat action space (see :func:`action_mask`)."""
+        st = self.st
+        key = tuple(st.free)
+        fits = self._fits.get(key)
+        if fits is None:
+            free = np.zeros(MAX_DEVICES, np.int64)
+            free[: len(key)] = key
+            fits = self._fits[key] = (self.data.level_threads <= free[:, None]).reshape(-1)
+        n_max = self.data.max_nodes
+        out = np.empty(n_max * MAX_DEVICES * MAX_LEVELS + 1, dtype=bool)
+        np.logical_and(self.ready_vec[:, None], fits[None, :], out=out[:-1].reshape(n_max, -1))
+        out[-1] = st.n_running > 0
+        return out
+
+    def observe(self) -> dict[str, np.ndarray]:
+        """The current observation (fresh arrays every call)."""
+        data, st = self.data, self.st
+        ref = data.reference
+        dyn = self.dyn.copy()
+        free, slots, mem, cap = st.free, self._slots, st.mem_bytes, self._mem_cap
+        nd = len(slots)
+        busy = [0.0] * nd
+        running = st._running
+        if running:
+            rows = list(running)
+            rem = []
+            device = st.device
+            for i in rows:
+                r = st.remaining(i) / ref
+                if r > 1.0:
+                    r = 1.0
+                rem.append(r)
+                d = device[i]
+                if r > busy[d]:
+                    busy[d] = r
+            dyn[rows, _D["remaining"]] = rem
+        hw = data.hw_static.copy()
+        hw[:nd, _HW_DYN] = [(free[d] / slots[d], busy[d], min(mem[d] / cap[d], 1.0)) for d in range(nd)]
+        now = st.now
+        n = data.n
+        return {
+            "node_static": data.node_static.copy(),
+            "node_dynamic": dyn,
+            "node_mask": data.node_mask.copy(),
+            "edge_index": data.edge_index.copy(),
+            "edge_mask": data.edge_mask.copy(),
+            "hardware": hw,
+            "globals": np.array((now / (now + ref), st.n_done / n, st.n_ready / n, data.log_nodes), np.float32),
+        }
+
+
+def observe(data: EpisodeData, st: SimState) -> dict[str, np.ndarray]:
+    """The observation of simulator state ``st`` built from scratch (the
+    reference for :class:`Observer`, which the env uses)."""
+    n = data.n
+    obs = Observer(data, st)
+    status = np.fromiter(st.status, dtype=np.int64, count=n)
+    obs.dyn[:n, :4] = np.eye(4, dtype=np.float32)[status]
+    started = np.flatnonzero(status >= RUNNING)
+    for i in started:
+        obs.dyn[i, _D["device_frac"]] = (st.device[i] + 1) / MAX_DEVICES
+        obs.dyn[i, _D["threads_frac"]] = st.threads[i] / data.slots[st.device[i]]
+    return obs.observe()
+
+
+def action_mask(data: EpisodeData, st: SimState, layout: ActionLayout) -> np.ndarray:
+    """Joint boolean mask over the flat action space (see :class:`ActionLayout`):
+    (ready op, device, level) is valid when the device has that level's thread
+    count free; "wait" when some op is running.  (The reference for
+    :meth:`Observer.action_mask`, which the env uses.)"""
+    out = np.zeros(layout.n, dtype=bool)
+    ready = st.ready_ops()
+    if ready:
+        free = np.zeros(MAX_DEVICES, np.int64)
+        free[: len(st.free)] = st.free
+        fits = data.level_threads <= free[:, None]
+        out[:-1].reshape(data.max_nodes, MAX_DEVICES, MAX_LEVELS)[ready] = fits
+    out[-1] = st.n_running > 0
+    return out
