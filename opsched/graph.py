@@ -18,6 +18,7 @@ work on plain integer arrays.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -257,20 +258,21 @@ class OpGraph:
     # ---------------------------------------------------------- derived values
     @cached_property
     def topo_index(self) -> tuple[int, ...]:
-        """A topological order as op indices (Kahn's algorithm, stable on input order)."""
+        """A topological order as op indices: Kahn's algorithm taking the
+        lowest-index ready op first, so it follows the graph's own order (an fx
+        trace's order) wherever the dependencies allow; that order keeps
+        producer and consumer close, which is good for caches."""
         indeg = [len(p) for p in self.pred_index]
-        order: list[int] = []
         ready = [i for i, d in enumerate(indeg) if d == 0]
-        ready.reverse()
+        heapq.heapify(ready)
+        order: list[int] = []
         while ready:
-            i = ready.pop()
+            i = heapq.heappop(ready)
             order.append(i)
-            new = []
             for j in self.succ_index[i]:
                 indeg[j] -= 1
                 if indeg[j] == 0:
-                    new.append(j)
-            ready.extend(reversed(new))
+                    heapq.heappush(ready, j)
         return tuple(order)
 
     def topological_order(self) -> list[str]:
