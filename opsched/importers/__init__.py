@@ -20,6 +20,7 @@ _LAZY = {
     "Slot": "opsched.importers.torch_fx",
     "from_keras": "opsched.importers.tf_graph",
     "from_tf_function": "opsched.importers.tf_graph",
+    "TFSource": "opsched.importers.tf_graph",
 }
 
 __all__ = sorted(_LAZY)

@@ -197,7 +197,7 @@ def from_tf_function(fn: Callable[..., Any], input_signature: Sequence[Any], nam
 # ----------------------------------------------------------------- internals
 def _from_concrete(fn: Any, specs: list[Any], name: str, keras_config: str | None,
                    meta: dict[str, Any]) -> OpGraph:
-    tf = _tf()
+    _tf()
     try:
         concrete = fn.get_concrete_function(*specs)
     except Exception as exc:  # noqa: BLE001 - tracing errors come in every type; say where
@@ -242,10 +242,9 @@ def _grappler_simplify(graph_def: Any, fetches: Sequence[str]) -> Any:
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
     from tensorflow.python.grappler import tf_optimizer
 
-    tf = _tf()
     config = config_pb2.ConfigProto()
     rewrite = config.graph_options.rewrite_options
-    rewrite.optimizers[:] = ["constfold", "dependency"]
+    rewrite.optimizers[:] = ["constfold", "common_subgraph_elimination", "dependency"]
     rewrite.min_graph_nodes = -1  # optimise small graphs too
     meta_graph = meta_graph_pb2.MetaGraphDef()
     meta_graph.graph_def.CopyFrom(graph_def)
@@ -301,16 +300,13 @@ def graph_from_graph_def(graph_def: Any, inputs: Sequence[str], outputs: Sequenc
     dynamic: dict[str, bool] = {}
     for o in ops_in_order:  # import order is topological
         dynamic[o.name] = o.name in feed_nodes or any(dynamic.get(t.op.name, False) for t in o.inputs)
-    # The producing op (or None for a feed/constant) of every tensor, looking through views.
-    producer: dict[str, str | None] = {}
-
     def source_of(t: Any) -> str | None:
+        while t.op.type in VIEW_OPS and t.op.inputs:
+            t = t.op.inputs[t.value_index] if t.op.type == "IdentityN" else t.op.inputs[0]
         o = t.op
-        while o.type in VIEW_OPS and o.inputs:
-            o = o.inputs[0].op if o.type != "IdentityN" else o.inputs[t.value_index].op
         if o.name in feed_nodes or not dynamic.get(o.name, False) or o.type in _SKIP_OPS:
             return None
-        return o.name
+        return o.name  # the producing op of a tensor (None: a feed or a constant), looking through views
 
     removed: dict[str, int] = {}
     out_ops: list[Op] = []
