@@ -1,0 +1,69 @@
+"""Graphi's critical-path-first scheduling (Tang, Wang, Willke and Li, 2018).
+
+Graphi runs a computation graph on a manycore CPU with ``E`` isolated
+*executors*, each a team of ``T`` threads pinned to its own cores, and a
+central scheduler that hands each idle executor the ready op with the highest
+*upward rank* (the longest remaining path to the end of the graph, so the
+critical path never waits behind side branches).  Which ``E x T`` split is best
+depends on the graph -- many small independent ops favour many thin
+executors, a chain of big convolutions favours few wide ones -- so Graphi
+*profiles* the graph under each split and keeps the fastest.
+
+As a Plan: every op gets ``T`` threads on the device and priority = its upward
+rank (computed from the op times at ``T`` threads).  With ``E = cores // T`` the
+device's core slots hold exactly ``E`` ops of ``T`` threads, so at most ``E``
+run at once and an op starts the moment an "executor" frees -- the plan
+semantics are Graphi's dispatch loop.  The profiling step runs each candidate
+split through the simulator with the given performance model (a profile-fitted
+model makes that a profile of the real machine).  On a machine with GPUs the
+default GPU, with one executor per stream, is profiled as well.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opsched.graph import OpGraph
+from opsched.machine import Machine
+from opsched.plan import Assignment, Plan
+from opsched.policies.base import Policy, build_plan, resolve_model
+
+
+class CriticalPathFirst(Policy):
+    """Graphi: profile the executor split, then dispatch by upward rank."""
+
+    name = "critical-path-first"
+
+    def candidate_configs(self, machine: Machine) -> list[tuple[str, int, int]]:
+        """(device id, executors, threads per executor) splits to profile."""
+        cpu = machine.cpu
+        configs = [("cpu", cpu.cores // t, t) for t in cpu.thread_levels()]
+        if machine.gpus:
+            gpu = machine.gpus[0]
+            configs.append((gpu.id, gpu.cores, 1))
+        return configs
+
+    def plan_for(self, graph: OpGraph, machine: Machine, table: Any, device: str, threads: int,
+                 **meta: Any) -> Plan:
+        """The critical-path-first plan for one executor split."""
+        d = machine.device_index[device]
+        rank = graph.upward_rank_array(table.on(d, threads))
+        assignments = {op.id: Assignment(device, threads, float(rank[i])) for i, op in enumerate(graph.ops)}
+        return build_plan(graph, machine, assignments, policy=self.name, device=device, threads=threads, **meta)
+
+    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+        from opsched.backends.sim import SimBackend
+
+        model = resolve_model(model)
+        table = model.time_table(graph, machine)
+        sim = SimBackend(machine, model=model)
+        profile: dict[str, float] = {}
+        best: tuple[float, str, int, int] | None = None
+        for device, executors, threads in self.candidate_configs(machine):
+            plan = self.plan_for(graph, machine, table, device, threads)
+            makespan = float(sim.run(graph, plan).makespan)
+            profile[f"{device} {executors}x{threads}"] = makespan
+            if best is None or makespan < best[0]:
+                best = (makespan, device, executors, threads)
+        _, device, executors, threads = best  # type: ignore[misc]
+        return self.plan_for(graph, machine, table, device, threads, executors=executors, profile=profile)

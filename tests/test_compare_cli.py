@@ -1,0 +1,114 @@
+"""``opsched compare`` end to end, into a temporary folder: on the simulator,
+and for real on this machine's CPU when the torch runtime is available."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+import opsched.commands.compare  # noqa: F401  (registers the command)
+from opsched.cli import app
+from opsched.errors import OpschedError
+from opsched.policies import HEURISTICS
+
+runner = CliRunner()
+
+
+def _files(run_dir, graphs, policies):
+    names = ["command.txt", "results.csv", "results.json", "speedup.png"]
+    safe = opsched.commands.compare._safe
+    names += [f"gantt/{safe(g)}__{safe(p)}.png" for g in graphs for p in policies]
+    return [run_dir / n for n in names]
+
+
+def test_compare_on_the_simulator_writes_every_file(tmp_path):
+    graphs = ["synthetic:layered:n=30", "synthetic:erdos_renyi:n=25"]
+    args = ["compare", "--graphs", ",".join(graphs), "--machine", "dgx1-4v100", "--backend", "sim",
+            "--policies", "all", "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "compare_1"
+    for path in _files(run_dir, graphs, HEURISTICS):
+        assert path.is_file() and path.stat().st_size > 0, path
+    assert (run_dir / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with open(run_dir / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == (len(graphs) + 1) * len(HEURISTICS)
+    per_graph = [r for r in rows if r["graph"] != "geomean"]
+    assert {(r["graph"], r["policy"]) for r in per_graph} == {(g, p) for g in graphs for p in HEURISTICS}
+    for r in per_graph:
+        assert float(r["makespan_s"]) > 0 and float(r["decision_s"]) >= 0
+        assert float(r["lb_ratio"]) >= 1.0 - 1e-9  # nothing beats the lower bound
+        if r["policy"] == "sequential":
+            assert float(r["speedup"]) == pytest.approx(1.0)
+        else:  # speedup is the sequential makespan over this one
+            seq = next(x for x in per_graph if x["graph"] == r["graph"] and x["policy"] == "sequential")
+            assert float(r["speedup"]) == pytest.approx(float(seq["makespan_s"]) / float(r["makespan_s"]))
+    assert [r["policy"] for r in rows if r["graph"] == "geomean"] == list(HEURISTICS)
+
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["config"]["backend"] == "sim" and data["config"]["machine"]["name"] == "dgx1-4v100"
+    assert len(data["results"]) == len(rows)
+    command = (run_dir / "command.txt").read_text().strip()
+    words = shlex.split(command)
+    assert words[:2] == ["opsched", "compare"] and ",".join(graphs) in words and "dgx1-4v100" in words
+    # a saved plan replays: each policy's plan file is a valid Plan for its graph
+    assert len(list((run_dir / "plans").glob("*.json"))) == len(graphs) * len(HEURISTICS)
+
+    again = runner.invoke(app, args + ["--no-gantt", "--policies", "heft"])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "compare_2" / "results.csv").is_file()
+    assert not (tmp_path / "compare_2" / "gantt").exists()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--backend", "torch-cpu", "--machine", "knl-68"], "use --machine local"),
+    (["--policies", "nope"], "unknown policy 'nope'"),
+    (["--graphs", "synthetic:nofamily"], "nofamily"),
+    (["--repeats", "0"], "--repeats"),
+    (["--model", "magic"], "--model must be one of"),
+])
+def test_compare_rejects_bad_input(tmp_path, args, match):
+    base = {"--graphs": "synthetic:layered:n=10", "--machine": "knl-68", "--policies": "sequential",
+            "--out": str(tmp_path)}
+    for k, v in zip(args[::2], args[1::2]):
+        base[k] = v
+    result = runner.invoke(app, ["compare", *[x for kv in base.items() for x in kv]])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, OpschedError)
+    assert match in str(result.exception)
+
+
+def _torch_backend_ready() -> bool:
+    try:
+        import opsched.backends.torch_cpu  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _torch_backend_ready(), reason="the torch CPU runtime is not available")
+def test_compare_for_real_on_this_cpu(tmp_path):
+    policies = ["sequential", "critical-path-first", "heft"]
+    result = runner.invoke(app, [
+        "compare", "--graphs", "zoo:transformer", "--machine", "local", "--backend", "torch-cpu",
+        "--policies", ",".join(policies), "--width", "0.25", "--repeats", "3", "--warmup", "1",
+        "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "compare_1"
+    for path in _files(run_dir, ["zoo:transformer"], policies):
+        assert path.is_file(), path
+    data = json.loads((run_dir / "results.json").read_text())
+    assert data["config"]["repeats"] == 3 and data["config"]["warmup"] == 1
+    for p in policies:
+        times = data["runs"]["zoo:transformer"][p]["times_s"]
+        assert len(times) == 3 and all(t > 0 for t in times)
+    rows = [r for r in data["results"] if r["graph"] == "zoo:transformer"]
+    for r in rows:
+        assert r["min_s"] <= r["makespan_s"] <= r["max_s"]
