@@ -56,6 +56,7 @@ from opsched.commands import (  # noqa: E402,F401
     graphs,
     machine,
     maestro,
+    profile,
 )
 
 if __name__ == "__main__":
