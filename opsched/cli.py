@@ -52,6 +52,7 @@ def main() -> None:
 
 # Subcommands register themselves on import.
 from opsched.commands import (  # noqa: E402,F401
+    bench,
     compare,
     graphs,
     machine,

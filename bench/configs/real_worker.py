@@ -1,0 +1,187 @@
+"""One benchmark configuration in its own process (driven by ``bench/_harness.py``).
+
+    python bench/configs/real_worker.py --kind KIND --model NAME --batch B [options]
+
+Kinds (each the way a user would run the model, nothing tuned on the side):
+
+* ``eager``      the module called in ``torch.no_grad()`` with PyTorch's default threads;
+* ``eager-1t``   the same after ``torch.set_num_threads(1)``;
+* ``compile``    ``torch.compile(module)`` (default mode, inductor), compiled at start-up;
+* ``ort-seq``    ONNX Runtime, ``ORT_SEQUENTIAL`` execution mode, default threads and optimisations;
+* ``ort-par``    ONNX Runtime, ``ORT_PARALLEL`` execution mode (independent nodes side by side);
+* ``opsched``    opsched's ``TorchCPUBackend.execute`` under every plan in ``--plans DIR``
+  (``<name>.json`` each; the machine in ``--machine``), one process for all plans since they
+  share the runtime's executor pool;
+* ``plans-trace`` like ``opsched`` but timing ``TorchCPUBackend.run(...).makespan`` (the
+  measured makespan the simulator predicts), for the fidelity section.
+
+Protocol: stdout carries JSON lines only (the real stdout is duplicated for
+it and fd 1 pointed at stderr, so library prints cannot corrupt it).  First
+``{"ready": true, "configs": [...], "init_s": ..., ...}`` or ``{"error": ...}``;
+then for each request ``{"cmd": "time", "name": N, "iters": k}`` the answer
+``{"times": [seconds per call, ...]}``; ``{"cmd": "quit"}`` ends it.  With
+``--check FILE`` the first output tensor (flattened, float32) of every
+configuration is saved to ``FILE`` (``.npz``, one array per configuration) so
+the driver can compare it with eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_PROTO = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
+
+def say(msg: dict[str, Any]) -> None:
+    _PROTO.write(json.dumps(msg) + "\n")
+    _PROTO.flush()
+
+
+def first_tensor(out: Any) -> Any:
+    import numpy as np
+    import torch
+
+    stack = [out]
+    while stack:
+        x = stack.pop(0)
+        if isinstance(x, torch.Tensor):
+            return x.detach().float().reshape(-1).numpy().copy()
+        if isinstance(x, np.ndarray):
+            return x.astype(np.float32).reshape(-1).copy()
+        if isinstance(x, (list, tuple)):
+            stack = list(x) + stack
+        elif isinstance(x, dict):
+            stack = list(x.values()) + stack
+    return None
+
+
+def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """The callables to time, by name, and facts for the report."""
+    import torch
+
+    from opsched.models import load_model
+
+    info: dict[str, Any] = {}
+    if args.kind == "eager-1t":
+        torch.set_num_threads(1)
+    module, inputs = load_model(f"zoo:{args.model}", args.batch)
+    info["torch_threads"] = torch.get_num_threads()
+
+    if args.kind in ("eager", "eager-1t"):
+        def eager() -> Any:
+            with torch.no_grad():
+                return module(*inputs)
+        return {args.kind: eager}, info
+
+    if args.kind == "compile":
+        compiled = torch.compile(module)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(*inputs)
+        info["compile_s"] = time.perf_counter() - t0
+
+        def run_compiled() -> Any:
+            with torch.no_grad():
+                return compiled(*inputs)
+        return {"compile": run_compiled}, info
+
+    if args.kind in ("ort-seq", "ort-par"):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if args.kind == "ort-par" else \
+            ort.ExecutionMode.ORT_SEQUENTIAL
+        sess = ort.InferenceSession(args.onnx, so, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        if len(names) != len(inputs):
+            raise RuntimeError(f"{args.onnx}: the ONNX graph takes {len(names)} inputs, the model {len(inputs)}")
+        feeds = {n: x.detach().numpy() for n, x in zip(names, inputs)}
+        info["ort_version"] = ort.__version__
+        return {args.kind: lambda: sess.run(None, feeds)}, info
+
+    if args.kind in ("opsched", "plans-trace"):
+        from opsched.backends.torch_cpu import TorchCPUBackend
+        from opsched.importers.torch_fx import from_torch
+        from opsched.machine import Machine
+        from opsched.plan import Plan
+
+        machine = Machine.from_dict(json.loads(Path(args.machine).read_text()))
+        graph = from_torch(module, inputs, name=args.model)
+        backend = TorchCPUBackend(machine)
+        fns: dict[str, Callable[[], Any]] = {}
+        for path in sorted(Path(args.plans).glob("*.json")):
+            plan = Plan.load(path)
+            backend.compile(graph, plan)  # validates against this graph and machine
+            if args.kind == "opsched":
+                fns[path.stem] = (lambda p: lambda: backend.execute(graph, p, *inputs))(plan)
+            else:
+                fns[path.stem] = (lambda p: lambda: backend.run(graph, p))(plan)
+        if not fns:
+            raise RuntimeError(f"no plans in {args.plans}")
+        info["pinned_note"] = getattr(backend, "_pin_note", None)
+        return fns, info
+
+    raise RuntimeError(f"unknown kind {args.kind!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--onnx", default="")
+    ap.add_argument("--plans", default="")
+    ap.add_argument("--machine", default="")
+    ap.add_argument("--check", default="")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    try:
+        fns, info = build(args)
+        trace_mode = args.kind == "plans-trace"
+        if args.check and not trace_mode:
+            import numpy as np
+
+            outs = {name: first_tensor(fn()) for name, fn in fns.items()}
+            np.savez(args.check, **{k: v for k, v in outs.items() if v is not None})
+    except BaseException as exc:  # report, never hang the driver
+        traceback.print_exc()
+        say({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:400] if str(exc) else ''}"})
+        return
+    say({"ready": True, "configs": list(fns), "init_s": time.perf_counter() - t0, **info})
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError:
+            say({"error": f"bad request {line[:80]!r}"})
+            return
+        if req.get("cmd") == "quit":
+            return
+        try:
+            fn = fns[req["name"]]
+            times = []
+            for _ in range(int(req.get("iters", 1))):
+                if trace_mode:
+                    times.append(float(fn().makespan))
+                else:
+                    t = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t)
+            say({"times": times})
+        except BaseException as exc:
+            traceback.print_exc()
+            say({"error": f"{req.get('name')}: {type(exc).__name__}: {exc}"[:500]})
+            return
+
+
+if __name__ == "__main__":
+    main()
