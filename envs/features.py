@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
+
 from opsched.backends.sim import RUNNING, SimState, SimStatic, lower_bound, prepare
 from opsched.envs.coarsen import Coarsening, coarsen
 from opsched.envs.spaces import (
@@ -27,7 +27,6 @@ from opsched.envs.spaces import (
     STATIC_FEATURES,
     ActionLayout,
 )
-
 from opsched.errors import GraphError, MachineError
 from opsched.graph import KIND_INDEX, OpGraph
 from opsched.machine import Machine
@@ -39,7 +38,11 @@ _H = {k: i for i, k in enumerate(HARDWARE_FEATURES)}
 _NO_LEVEL = 1 << 30
 
 
-def observation_space(max_nodes: int, max_edges: int) -> spaces.Dict:
+def observation_space(max_nodes: int, max_edges: int) -> gymnasium.spaces.Dict:  # noqa: F821
+    # gymnasium imported here, not at module level: the exported numpy scheduler
+    # builds observations with this module where gymnasium is not installed.
+    from gymnasium import spaces
+
     """The Dict of Boxes every ScheduleEnv with these sizes observes."""
     def unit(*shape: int) -> spaces.Box:
         return spaces.Box(0.0, 1.0, shape=shape, dtype=np.float32)

@@ -6,6 +6,7 @@ The core types live here; the subpackages hold the rest:
 and ``opsched.policies`` (heuristic baselines and the exported learned policy).
 """
 
+import opsched.envs  # noqa: E402,F401  (registers the Gymnasium ids; skipped without gymnasium)
 from opsched.errors import (
     ExecutionError,
     GraphError,
@@ -20,12 +21,20 @@ from opsched.machine import PRESETS, Device, Link, Machine, get_machine
 from opsched.plan import Assignment, Plan
 from opsched.trace import Trace, TraceEvent
 
-import opsched.envs  # noqa: E402,F401  (registers the Gymnasium ids; skipped without gymnasium)
-
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``opsched.apply`` and ``opsched.ScheduledModule``, imported on first use so
+    that ``import opsched`` pulls in neither torch nor the runtime."""
+    if name in ("apply", "ScheduledModule"):
+        from opsched import scheduled
+
+        return getattr(scheduled, name)
+    raise AttributeError(f"module 'opsched' has no attribute {name!r}")
 
 __all__ = [
     "OP_KINDS", "PRESETS", "Assignment", "Device", "Edge", "ExecutionError", "GraphError", "Link",
     "Machine", "MachineError", "ModelImportError", "Op", "OpGraph", "OpschedError", "Plan", "PlanError",
-    "PolicyError", "Trace", "TraceEvent", "get_machine",
+    "PolicyError", "ScheduledModule", "Trace", "TraceEvent", "apply", "get_machine",
 ]

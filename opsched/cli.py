@@ -52,8 +52,10 @@ def main() -> None:
 
 # Subcommands register themselves on import.
 from opsched.commands import (  # noqa: E402,F401
+    apply,
     bench,
     compare,
+    export,
     graphs,
     machine,
     maestro,

@@ -1,0 +1,461 @@
+"""The exported learned policy: a folder of plain arrays and JSON, planned with numpy.
+
+Why a separate format: training needs torch, stable-baselines3 and gymnasium,
+but *using* a policy should not -- planning a graph before running it must be
+light and fast, and loading a file someone handed you must never run code
+from it.  So ``opsched export`` (:mod:`opsched.agents.export`) writes::
+
+    policy/
+        policy.json   format + version, architecture, observation layout (feature
+                      names, normalisation), action decoding, thread levels,
+                      max nodes/edges, machines trained on, source run, and for
+                      every array its shape and sha256
+        weights.npz   the graph encoder's weights (float32, torch parameter names)
+
+and :func:`load` reads it back with numpy only (``allow_pickle=False``; array
+headers are checked against the declared shapes before any data is read).
+Anything wrong -- a missing file, a truncated or corrupt archive, an unknown
+format version, an array whose hash or shape does not match, a pickled
+object -- raises :class:`~opsched.errors.PolicyError` naming the file and the
+problem.
+
+Planning (:meth:`ExportedPolicy.plan`) runs the environment's decision loop
+without gymnasium: the simulator engine (:class:`~opsched.backends.sim.SimState`)
+and the environment's own observation builder
+(:mod:`opsched.envs.features`) produce each state, the numpy encoder
+(:mod:`opsched.policies.numpy_encoder`) scores the valid actions, the best one
+is taken, and the decisions are recorded as a Plan exactly as
+``ScheduleEnv`` records an episode (priority = dispatch order; an op started
+after it became ready waits, via ``after``, for the op whose completion let it
+start).  A graph larger than ``max_nodes`` is coarsened the same way too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import types
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opsched.backends.sim import SimState, cached_fingerprint
+from opsched.envs.spaces import (
+    DYNAMIC_FEATURES,
+    EDGES_PER_NODE,
+    GLOBAL_FEATURES,
+    HARDWARE_FEATURES,
+    MAX_DEVICES,
+    MAX_LEVELS,
+    STATIC_FEATURES,
+    ActionLayout,
+)
+from opsched.errors import GraphError, MachineError, PolicyError
+from opsched.graph import OpGraph
+from opsched.io import atomic_write_bytes, atomic_write_text
+from opsched.machine import Machine
+from opsched.plan import Assignment, Plan
+from opsched.policies.base import Policy
+from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
+
+POLICY_FORMAT = "opsched.policy"
+FORMAT_VERSION = 1
+POLICY_FILE = "policy.json"
+WEIGHTS_FILE = "weights.npz"
+#: Graphs beyond max_nodes * this many ops are refused: coarsened that far, the
+#: groups are too big for per-op decisions to mean much (override per export).
+DEFAULT_MAX_COARSENING = 32
+_MAX_JSON_BYTES = 4 << 20
+_MAX_HIDDEN, _MAX_ROUNDS, _MAX_NODES = 4096, 64, 1 << 16
+_DTYPES = ("<f4", "<f8")
+
+THREAD_LEVELS_DOC = ("Device.thread_levels(): 1, 2, 4, ... below the device's cores, then all cores "
+                     "(at most MAX_LEVELS); a GPU has one level, 1 stream slot")
+NORMALIZATION_DOC = ("every column lies in [0, 1], computed by opsched.envs.features as documented in "
+                     "opsched.envs.spaces: times divided by the graph's sequential makespan on all CPU cores "
+                     "(the reference), log-scaled FLOPs/bytes/cores/GFLOPS/bandwidth, fractions of slots "
+                     "and ops; padding slots and absent devices are 0")
+
+
+def observation_spec(max_nodes: int, max_edges: int) -> dict[str, Any]:
+    """The observation layout a policy was trained on (checked at load time)."""
+    return {
+        "max_nodes": int(max_nodes), "max_edges": int(max_edges),
+        "max_devices": MAX_DEVICES, "max_levels": MAX_LEVELS,
+        "static_features": list(STATIC_FEATURES), "dynamic_features": list(DYNAMIC_FEATURES),
+        "hardware_features": list(HARDWARE_FEATURES), "global_features": list(GLOBAL_FEATURES),
+        "normalization": NORMALIZATION_DOC,
+    }
+
+
+def action_spec(max_nodes: int) -> dict[str, Any]:
+    layout = ActionLayout(int(max_nodes))
+    return {
+        "n": layout.n, "wait": layout.wait,
+        "encoding": "index = (slot * max_devices + device) * max_levels + level for a start; "
+                    "index = max_nodes * max_devices * max_levels for wait",
+        "slot": "the op's index in the (coarsened) graph", "device": "index into machine.devices",
+        "level": "index into the device's thread levels",
+        "choice": "argmax of the logits over the valid actions (the environment's action mask); "
+                  "first one on ties",
+    }
+
+
+def array_digest(a: np.ndarray) -> str:
+    """sha256 of an array's C-order bytes (its dtype and shape are checked separately)."""
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+# ------------------------------------------------------------------ writing
+def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidden: int, rounds: int,
+                 max_nodes: int, max_edges: int | None = None, machines: list[str] | None = None,
+                 gpus: bool = True, max_graph_ops: int | None = None,
+                 source: Mapping[str, Any] | None = None) -> Path:
+    """Write ``out_dir/weights.npz`` and ``out_dir/policy.json`` (atomically,
+    the JSON last: it names the arrays' hashes, so a crash in between leaves a
+    folder that :func:`load` rejects, never a silently mixed one).
+
+    ``arrays``: the GraphEncoder's ``state_dict`` as numpy (torch layout and
+    names; see :func:`~opsched.policies.numpy_encoder.array_shapes`).
+    ``gpus``: whether the policy was trained on machines with GPUs (if not, it
+    refuses to place ops on one).  Returns ``out_dir``."""
+    out = Path(out_dir)
+    max_edges = EDGES_PER_NODE * int(max_nodes) if max_edges is None else int(max_edges)
+    expected = array_shapes(hidden, rounds)
+    arrs = {k: np.ascontiguousarray(np.asarray(arrays[k], np.float32)) for k in expected if k in arrays}
+    missing = sorted(set(expected) - set(arrs))
+    extra = sorted(set(arrays) - set(expected))
+    if missing or extra:
+        raise PolicyError(f"{out}: the weights do not fit a graph encoder with hidden={hidden}, rounds={rounds} "
+                          f"(missing {missing}, unexpected {extra})")
+    for k, a in arrs.items():
+        if a.shape != expected[k]:
+            raise PolicyError(f"{out}: array {k!r} has shape {a.shape}, expected {expected[k]}")
+        if not np.all(np.isfinite(a)):
+            raise PolicyError(f"{out}: array {k!r} has non-finite values")
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrs)
+    meta = {
+        "format": POLICY_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": "graph-encoder",
+        "architecture": {"hidden": int(hidden), "rounds": int(rounds)},
+        "observation": observation_spec(max_nodes, max_edges),
+        "action": action_spec(max_nodes),
+        "thread_levels": THREAD_LEVELS_DOC,
+        "machines": {"trained_on": list(machines or []), "gpus": bool(gpus),
+                     "max_graph_ops": int(max_graph_ops or DEFAULT_MAX_COARSENING * int(max_nodes))},
+        "source": dict(source or {}),
+        "arrays": {
+            "file": WEIGHTS_FILE, "dtype": "<f4",
+            "shapes": {k: list(a.shape) for k, a in arrs.items()},
+            "sha256": {k: array_digest(a) for k, a in arrs.items()},
+        },
+    }
+    atomic_write_bytes(out / WEIGHTS_FILE, buf.getvalue())
+    atomic_write_text(out / POLICY_FILE, json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+# ------------------------------------------------------------------ loading
+def pretrained_path() -> Path:
+    """The folder of the policy shipped with opsched (``policies/pretrained``)."""
+    return Path(__file__).resolve().parent / "pretrained"
+
+
+def load(path: str | Path) -> ExportedPolicy:
+    """Load an exported policy: a policy folder, its ``policy.json``, or a run
+    folder holding ``policy/``.  Numpy only; nothing in the files is executed."""
+    p = Path(path)
+    if p.is_dir() and not (p / POLICY_FILE).exists() and (p / "policy" / POLICY_FILE).exists():
+        p = p / "policy"
+    meta_file = p / POLICY_FILE if p.is_dir() or p.suffix != ".json" else p
+    if not meta_file.is_file():
+        raise PolicyError(f"{meta_file}: no such file (an exported policy is a folder with {POLICY_FILE} "
+                          f"and {WEIGHTS_FILE}; `opsched export runs/<run>` writes one)")
+    meta = _read_meta(meta_file)
+    weights = _weights_path(meta_file, meta)
+    arrays = _read_arrays(weights, meta["arrays"])
+    arch = meta["architecture"]
+    try:
+        encoder = NumpyEncoder(arrays, arch["hidden"], arch["rounds"])
+    except ValueError as exc:  # cannot happen after the checks above; kept as a clear error
+        raise PolicyError(f"{weights}: {exc}") from None
+    return ExportedPolicy(meta_file.parent, meta, encoder)
+
+
+def _fail(where: Path, problem: str) -> PolicyError:
+    return PolicyError(f"{where}: {problem}")
+
+
+def _read_meta(f: Path) -> dict[str, Any]:
+    try:
+        size = f.stat().st_size
+        if size > _MAX_JSON_BYTES:
+            raise _fail(f, f"{size} bytes is far too large for a policy description (corrupt?)")
+        text = f.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f, f"cannot read the policy description ({exc})") from None
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(f, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); the file is "
+                       "truncated or corrupt - export the policy again") from None
+    if not isinstance(meta, dict) or meta.get("format") != POLICY_FORMAT:
+        raise _fail(f, f"not an opsched policy (missing \"format\": \"{POLICY_FORMAT}\")")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise _fail(f, f"unknown policy format version {version!r} (this opsched reads version {FORMAT_VERSION}); "
+                       "export it again with this version of opsched")
+    try:
+        arch, obs, arrays = meta["architecture"], meta["observation"], meta["arrays"]
+        hidden, rounds = arch["hidden"], arch["rounds"]
+        ok_ints = all(type(v) is int for v in (hidden, rounds, obs["max_nodes"], obs["max_edges"]))
+        shapes, digests, machines = arrays["shapes"], arrays["sha256"], meta["machines"]
+        ok_types = (isinstance(shapes, dict) and isinstance(digests, dict) and isinstance(arrays["file"], str)
+                    and isinstance(machines, dict) and type(machines.get("max_graph_ops")) is int)
+    except (KeyError, TypeError) as exc:
+        raise _fail(f, f"malformed policy description: missing or bad entry {exc}") from None
+    if not (ok_ints and ok_types):
+        raise _fail(f, "malformed policy description: architecture, observation sizes, arrays or machines "
+                       "have the wrong types")
+    if not (1 <= hidden <= _MAX_HIDDEN and 0 <= rounds <= _MAX_ROUNDS and 1 <= obs["max_nodes"] <= _MAX_NODES
+            and 1 <= obs["max_edges"] <= EDGES_PER_NODE * _MAX_NODES and machines["max_graph_ops"] >= 1):
+        raise _fail(f, f"architecture or sizes out of range (hidden={hidden}, rounds={rounds}, "
+                       f"max_nodes={obs['max_nodes']}, max_edges={obs['max_edges']})")
+    if meta.get("kind") != "graph-encoder":
+        raise _fail(f, f"unknown policy kind {meta.get('kind')!r} (this opsched plans with 'graph-encoder')")
+    mine = observation_spec(obs["max_nodes"], obs["max_edges"])
+    for key in ("max_devices", "max_levels", "static_features", "dynamic_features", "hardware_features",
+                "global_features"):
+        if obs.get(key) != mine[key]:
+            raise _fail(f, f"made for another observation layout: its {key} are {obs.get(key)!r}, this opsched's "
+                           f"environment has {mine[key]!r}; retrain or use a matching opsched")
+    expected = {k: list(v) for k, v in array_shapes(hidden, rounds).items()}
+    if shapes != expected:
+        diff = sorted(set(shapes) ^ set(expected)) or sorted(k for k in shapes if shapes[k] != expected[k])
+        raise _fail(f, f"declared array shapes do not fit a graph encoder with hidden={hidden}, rounds={rounds} "
+                       f"(first differences: {diff[:4]})")
+    if set(digests) != set(expected) or not all(isinstance(v, str) and len(v) == 64 for v in digests.values()):
+        raise _fail(f, "the sha256 list must give one 64-hex-digit hash per array")
+    if arrays.get("dtype") not in _DTYPES:
+        raise _fail(f, f"array dtype {arrays.get('dtype')!r} is not one of {_DTYPES}")
+    return meta
+
+
+def _weights_path(meta_file: Path, meta: dict[str, Any]) -> Path:
+    name = meta["arrays"]["file"]
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise _fail(meta_file, f"the weights file must be a plain file name next to it, not {name!r}")
+    w = meta_file.parent / name
+    if not w.is_file():
+        raise _fail(w, "no such file (the policy's weights are missing)")
+    return w
+
+
+def _read_arrays(w: Path, spec: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Read the npz with ``allow_pickle=False`` after checking every member's
+    header (dtype, shape) against the declaration -- so a hostile header can
+    neither smuggle a pickle nor make us allocate gigabytes -- then check each
+    array's sha256 and finiteness."""
+    shapes, digests, dtype = spec["shapes"], spec["sha256"], np.dtype(spec["dtype"])
+    try:
+        with zipfile.ZipFile(w) as zf:
+            members = zf.namelist()
+            wanted = {f"{k}.npy" for k in shapes}
+            if sorted(members) != sorted(wanted):
+                extra = sorted(set(members) - wanted)
+                lost = sorted(k[:-4] for k in wanted - set(members))
+                raise _fail(w, f"the archive's members do not match the declared arrays (missing {lost[:4]}, "
+                               f"unexpected {extra[:4]})")
+            for k in shapes:
+                with zf.open(f"{k}.npy") as fh:
+                    version = np.lib.format.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dt = np.lib.format.read_array_header_1_0(fh)
+                    elif version == (2, 0):
+                        shape, _, dt = np.lib.format.read_array_header_2_0(fh)
+                    else:
+                        raise _fail(w, f"array {k!r}: unsupported .npy version {version}")
+                if dt.hasobject:
+                    raise _fail(w, f"array {k!r} holds pickled Python objects ({dt}); refused")
+                if dt != dtype or list(shape) != list(shapes[k]):
+                    raise _fail(w, f"array {k!r} is {dt} {tuple(shape)}, declared {dtype} {tuple(shapes[k])}")
+    except PolicyError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, KeyError) as exc:
+        raise _fail(w, f"truncated or corrupt weights archive ({type(exc).__name__}: {exc})") from None
+    out: dict[str, np.ndarray] = {}
+    try:
+        with np.load(w, allow_pickle=False) as npz:
+            for k in shapes:
+                out[k] = npz[k]
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError) as exc:
+        raise _fail(w, f"truncated or corrupt weights archive ({type(exc).__name__}: {exc})") from None
+    for k, a in out.items():
+        if array_digest(a) != digests[k]:
+            raise _fail(w, f"array {k!r} does not match its sha256 in {POLICY_FILE} (modified or corrupt)")
+        if not np.all(np.isfinite(a)):
+            raise _fail(w, f"array {k!r} has non-finite values")
+    return out
+
+
+# ------------------------------------------------------------- the policy
+def _features() -> types.ModuleType:
+    """``opsched.envs.features``, imported on first use (it needs no gymnasium)."""
+    from opsched.envs import features
+
+    return features
+
+
+_BLAS: Any = None
+
+
+def _one_blas_thread() -> Any:
+    """A context that keeps numpy's BLAS on one thread while planning.
+
+    Planning multiplies matrices of a few hundred rows, thousands of times:
+    BLAS threads only add synchronisation, and on a busy machine each product
+    waits for a descheduled helper (10x slower, measured).  Uses threadpoolctl
+    when it is installed (it is with scikit-learn); without it, BLAS is left
+    alone.  The limit is process-wide while it lasts."""
+    global _BLAS
+    try:
+        if _BLAS is None:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS = ThreadpoolController()
+        return _BLAS.limit(limits=1, user_api="blas")
+    except Exception:  # not installed, or an unusual BLAS: plan with its defaults
+        return contextlib.nullcontext()
+
+
+class ExportedPolicy(Policy):
+    """A learned policy loaded from an export folder; plans with numpy only."""
+
+    name = "learned"
+
+    def __init__(self, folder: Path, meta: dict[str, Any], encoder: NumpyEncoder) -> None:
+        self.folder = Path(folder)
+        self.meta = meta
+        self.encoder = encoder
+        self.max_nodes = int(meta["observation"]["max_nodes"])
+        self.max_edges = int(meta["observation"]["max_edges"])
+        self.max_graph_ops = int(meta["machines"]["max_graph_ops"])
+        self.gpus = bool(meta["machines"].get("gpus", True))
+        self.layout = ActionLayout(self.max_nodes)
+        #: Identifies this policy's decisions (for plan caches): its whole description,
+        #: which holds the arrays' hashes, its sizes and limits.
+        self.digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+    def __repr__(self) -> str:
+        src = self.meta.get("source", {}).get("run", "?")
+        return f"<policy learned from {src} ({self.folder})>"
+
+    def check(self, graph: OpGraph, machine: Machine) -> None:
+        """Raise :class:`PolicyError` if this policy cannot plan ``graph`` on ``machine``."""
+        where = f"policy {self.folder}"
+        n = len(graph.ops)
+        if n > self.max_graph_ops:
+            raise PolicyError(f"{where}: graph {graph.name!r} has {n} ops; this policy plans at most "
+                              f"{self.max_graph_ops} (max_nodes={self.max_nodes} after coarsening)")
+        try:
+            _features().check_machine(machine)
+        except MachineError as exc:
+            raise PolicyError(f"{where}: cannot plan for this machine: {exc}") from None
+        if machine.gpus and not self.gpus:
+            raise PolicyError(f"{where}: trained on CPU-only machines ({', '.join(self.meta['machines']['trained_on'])}); "
+                              f"machine {machine.name!r} has {len(machine.gpus)} GPU(s)")
+
+    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+        """Schedule ``graph`` on ``machine`` greedily with the learned policy
+        (in the simulator with ``model``, default the analytic one) and return
+        the decisions as a Plan for the original graph."""
+        self.check(graph, machine)
+        features = _features()
+        try:
+            data = features.prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
+        except (GraphError, MachineError) as exc:
+            raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
+        with _one_blas_thread():
+            return _Episode(self, features, data).run()
+
+
+class _Episode:
+    """One greedy episode: ScheduleEnv's step logic, without gymnasium."""
+
+    def __init__(self, policy: ExportedPolicy, features: types.ModuleType, data: Any) -> None:
+        self.policy, self.data = policy, data
+        self.st = SimState(data.static)
+        self.obs = features.Observer(data, self.st)
+        self.st.newly_ready.clear()
+        self.enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask)
+        self.order: list[int] = []
+        self.after: list[int | None] = [None] * data.n
+        self.last_completed: int | None = None
+        self.decisions = self.forced = 0
+
+    def run(self) -> Plan:
+        st, obs, wait = self.st, self.obs, self.policy.layout.wait
+        levels = self.data.static.levels
+        while not st.done:
+            valid = np.flatnonzero(obs.action_mask())
+            if len(valid) == 1:  # one valid action: the policy's choice is forced
+                a = int(valid[0])
+                self.forced += 1
+            else:
+                o = obs.observe()
+                scores = self.enc.scores(o["node_dynamic"], o["hardware"], o["globals"], valid, wait)
+                a = int(valid[greedy(scores)])
+            self.decisions += 1
+            if a == wait:
+                self._advance()
+            else:
+                slot, rest = divmod(a, MAX_DEVICES * MAX_LEVELS)
+                d, lv = divmod(rest, MAX_LEVELS)
+                threads = int(levels[d][lv])
+                if st.now > st.ready_time[slot]:
+                    self.after[slot] = self.last_completed  # it waited: hold it until this completion
+                st._start(slot, d, threads)
+                obs.started(slot, d, threads)
+                self.order.append(slot)
+            while not st.done and not (st.n_ready > 0 and max(st.free) > 0):
+                self._advance()
+        return self._plan()
+
+    def _advance(self) -> None:
+        st = self.st
+        completed = st.advance()
+        self.last_completed = min(completed)
+        self.obs.completed(completed)
+        self.obs.ready(st.newly_ready)
+        st.newly_ready.clear()
+
+    def _plan(self) -> Plan:
+        data, st = self.data, self.st
+        n = data.n
+        ids, dev_ids = data.static.op_ids, data.static.dev_ids
+        asg: list[Assignment] = [Assignment()] * n
+        for k, i in enumerate(self.order):
+            dep = self.after[i]
+            asg[i] = Assignment(dev_ids[st.device[i]], st.threads[i], float(n - k),
+                                () if dep is None else (ids[dep],))
+        co = data.coarsening
+        assignments = dict(zip(ids, asg, strict=True)) if co.identity else co.expand(asg)
+        src = self.policy.meta.get("source", {})
+        return Plan(assignments, cached_fingerprint(data.graph), cached_fingerprint(data.machine),
+                    self.policy.name,
+                    {"policy_dir": str(self.policy.folder), "source_run": src.get("run"),
+                     "coarsened": not co.identity, "slots": n, "decisions": self.decisions,
+                     "forced": self.forced, "sim_makespan": float(st.now) if math.isfinite(st.now) else None})
+
+
+__all__ = ["ExportedPolicy", "FORMAT_VERSION", "POLICY_FORMAT", "action_spec", "array_digest", "load",
+           "observation_spec", "pretrained_path", "write_policy"]

@@ -1,0 +1,348 @@
+"""The exported policy (issue 7): faithful to the torch policy, numpy-only, safe to load.
+
+A tiny MaskablePPO policy is built fresh (its weights perturbed so the logits
+are decisive, as a trained policy's are), exported, and checked against the
+torch policy on 1,000 states from env episodes with random valid actions; the
+numpy scheduler's Plan must be exactly the Plan the environment records for
+the same decisions; the loader must refuse every kind of damaged folder with
+a PolicyError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+import torch as th  # noqa: E402
+from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
+
+from opsched.agents.config import TrainConfig  # noqa: E402
+from opsched.agents.export import export_policy, export_run  # noqa: E402
+from opsched.agents.policy import action_logits  # noqa: E402
+from opsched.agents.train import build_model  # noqa: E402
+from opsched.backends.sim import SimBackend  # noqa: E402
+from opsched.envs.schedule_env import ScheduleEnv  # noqa: E402
+from opsched.errors import PolicyError  # noqa: E402
+from opsched.machine import get_machine  # noqa: E402
+from opsched.policies import load  # noqa: E402
+from opsched.policies.exported import write_policy  # noqa: E402
+from opsched.policies.numpy_encoder import greedy  # noqa: E402
+from opsched.synthetic import generate  # noqa: E402
+
+MAX_NODES = 32
+MACHINES = ("xeon-8180-2s", "dgx1-4v100", "knl-68", "2x2080ti")
+
+
+def _env(graphs=None, machines=MACHINES):
+    graphs = graphs or [generate("layered", 24, 1), generate("erdos_renyi", 30, 2), generate("watts_strogatz", 60, 3)]
+    return ScheduleEnv(graphs=graphs, machine=list(machines), max_nodes=MAX_NODES)
+
+
+@pytest.fixture(scope="module")
+def model():
+    th.set_num_threads(1)
+    cfg = TrainConfig(hyperparams="tiny", overrides={"hidden": 16, "rounds": 2}).resolve()
+    m = build_model(cfg, DummyVecEnv([_env]), seed=0)
+    gen = th.Generator().manual_seed(0)
+    with th.no_grad():
+        for p in m.policy.parameters():
+            p.add_(0.3 * th.randn(p.shape, generator=gen))
+    return m
+
+
+@pytest.fixture(scope="module")
+def folder(model, tmp_path_factory):
+    return export_policy(model, tmp_path_factory.mktemp("exported") / "policy", machines=list(MACHINES),
+                         source={"run": "test"})
+
+
+def _random_states(env, n, seed=0):
+    """(obs, mask) of ``n`` states along episodes driven by random valid actions."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    for _ in range(n):
+        mask = env.action_masks()
+        yield obs, mask
+        obs, _, done, _, _ = env.step(int(rng.choice(np.flatnonzero(mask))))
+        if done:
+            obs, _ = env.reset()
+
+
+def test_folder_layout_and_metadata(folder):
+    meta = json.loads((folder / "policy.json").read_text())
+    assert meta["format"] == "opsched.policy" and meta["format_version"] == 1
+    assert meta["architecture"] == {"hidden": 16, "rounds": 2}
+    assert meta["observation"]["max_nodes"] == MAX_NODES and meta["observation"]["max_edges"] == 4 * MAX_NODES
+    assert meta["action"]["n"] == MAX_NODES * 64 + 1 and meta["machines"]["gpus"] is True
+    with np.load(folder / "weights.npz", allow_pickle=False) as npz:
+        assert sorted(npz.files) == sorted(meta["arrays"]["shapes"])
+        assert all(list(npz[k].shape) == s for k, s in meta["arrays"]["shapes"].items())
+
+
+def test_numpy_forward_equals_torch(model, folder):
+    pol = load(folder)
+    for obs, _ in _random_states(_env(), 40, seed=3):
+        ref = action_logits(model.policy, obs)
+        mine, _ = pol.encoder.forward(obs)
+        np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_faithful_on_1000_states(model, folder):
+    """Deterministic actions equal the torch policy's; the only tolerated
+    difference is a float32 near-tie (the torch logits of both actions within
+    1e-5 of each other), and exact agreement is at least 99.5%."""
+    pol = load(folder)
+    env = _env()
+    same, ties = 0, []
+    for obs, mask in _random_states(env, 1000, seed=1):
+        torch_action, _ = model.predict(obs, action_masks=mask, deterministic=True)
+        valid = np.flatnonzero(mask)
+        ep = pol.encoder.episode(obs["node_static"], obs["edge_index"], obs["edge_mask"], obs["node_mask"])
+        scores = ep.scores(obs["node_dynamic"], obs["hardware"], obs["globals"], valid, env.layout.wait)
+        mine = int(valid[greedy(scores)])
+        if mine == int(torch_action):
+            same += 1
+        else:
+            ref = action_logits(model.policy, obs)
+            ties.append(abs(float(ref[mine] - ref[int(torch_action)])))
+    assert all(t <= 1e-5 for t in ties), ties
+    assert same >= 995, (same, ties)
+
+
+@pytest.mark.parametrize("graph, machine", [
+    (generate("layered", 24, 4), "xeon-8180-2s"),       # fits: no coarsening
+    (generate("erdos_renyi", 90, 5), "dgx1-4v100"),      # coarsened, GPUs
+    (generate("watts_strogatz", 70, 6), "knl-68"),
+])
+def test_plan_is_the_env_episode(folder, graph, machine):
+    """Same decisions as the env stepped with the reference forward pass, same Plan."""
+    pol = load(folder)
+    m = get_machine(machine)
+    plan = pol.plan(graph, m)
+    env = _env([graph], [machine])
+    obs, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        valid = np.flatnonzero(env.action_masks())
+        logits, _ = pol.encoder.forward(obs)
+        obs, _, done, _, info = env.step(int(valid[greedy(logits[valid])]))
+    assert dict(plan.assignments) == dict(info["plan"].assignments)
+    plan.validate(graph, m)
+    if not plan.meta["coarsened"]:
+        assert SimBackend(m).run(graph, plan).makespan == pytest.approx(plan.meta["sim_makespan"], rel=1e-9)
+
+
+def test_incremental_embeddings_equal_a_full_pass(folder):
+    """The scheduler updates embeddings by pushing changes; along whole episodes
+    they stay within float32 rounding of a fresh full pass."""
+    pol = load(folder)
+    env = _env([generate("erdos_renyi", 90, 5), generate("layered", 30, 6)], ["dgx1-4v100", "knl-68"])
+    keys = ("node_static", "edge_index", "edge_mask", "node_mask")
+    rng = np.random.default_rng(2)
+    worst, steps = 0.0, 0
+    for episode in range(3):
+        obs, _ = env.reset(seed=episode)
+        ep = pol.encoder.episode(*(obs[k] for k in keys))
+        done = False
+        while not done:
+            dyn = obs["node_dynamic"][: ep.n]
+            fresh = pol.encoder.episode(*(obs[k] for k in keys)).embed(dyn)
+            worst = max(worst, float(np.abs(ep.embed(dyn) - fresh).max()))
+            obs, _, done, _, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
+            steps += 1
+    assert steps >= 90 and worst < 1e-4, (steps, worst)
+
+
+BLOCKER = textwrap.dedent("""
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "stable_baselines3", "sb3_contrib", "gymnasium"):
+                raise ImportError(f"{name} is blocked in this test")
+    sys.meta_path.insert(0, Block())
+""")
+
+
+def test_plans_without_torch_sb3_or_gymnasium(folder, tmp_path):
+    """A sitecustomize makes importing torch, SB3 and gymnasium fail; loading and planning still work."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    code = textwrap.dedent(f"""
+        import sys
+        try:
+            import torch
+        except ImportError:
+            pass
+        else:
+            raise SystemExit("the blocker is not active")
+        from opsched.machine import get_machine
+        from opsched.policies import load
+        from opsched.synthetic import generate
+        g = generate("layered", 80, 9)
+        m = get_machine("xeon-8180-2s")
+        plan = load({str(folder)!r}).plan(g, m)
+        plan.validate(g, m)
+        bad = [k for k in ("torch", "stable_baselines3", "sb3_contrib", "gymnasium") if k in sys.modules]
+        print("planned", len(plan), "ops; loaded:", bad)
+    """)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "planned 80 ops; loaded: []" in out.stdout
+
+
+def test_export_run_from_a_run_folder(model, tmp_path):
+    """``export_run`` rebuilds the model from the run's config and writes <run>/policy."""
+    from opsched.agents.callbacks import save_model
+    from opsched.agents.runs import Run
+
+    cfg = TrainConfig(name="t", out=str(tmp_path), hyperparams="tiny", max_nodes=MAX_NODES,
+                      overrides={"hidden": 16, "rounds": 2}, train_machines=["cpu:8:90:40", "2x2080ti"]).resolve()
+    run = Run.create(cfg, argv=["test"])
+    save_model(model, run.best_model)
+    out = export_run(run.path)
+    assert out == run.path / "policy"
+    pol = load(run.path)  # a run folder holding policy/ is accepted too
+    assert pol.meta["source"]["model"] == "best_model.zip" and pol.meta["machines"]["gpus"] is True
+    obs, _ = next(_random_states(_env(), 1))
+    np.testing.assert_allclose(pol.encoder.forward(obs)[0], action_logits(model.policy, obs), rtol=1e-5, atol=1e-5)
+    with pytest.raises(PolicyError, match="final_model.zip: no such file"):
+        export_run(run.path, which="final")
+    # the command line does the same
+    from typer.testing import CliRunner
+
+    import opsched.commands.export  # noqa: F401  (registers the command)
+    from opsched.cli import app
+
+    res = CliRunner().invoke(app, ["export", str(run.path), "--out", str(tmp_path / "cli_policy"), "--no-verify"])
+    assert res.exit_code == 0, res.output
+    assert "exported best_model.zip" in res.output and load(tmp_path / "cli_policy").meta["arrays"] == pol.meta["arrays"]
+
+
+# ------------------------------------------------------------------ safety
+def _copy(folder: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in folder.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def _edit_meta(folder: Path, fn) -> None:
+    meta = json.loads((folder / "policy.json").read_text())
+    fn(meta)
+    (folder / "policy.json").write_text(json.dumps(meta))
+
+
+def _arrays(folder: Path) -> dict[str, np.ndarray]:
+    with np.load(folder / "weights.npz", allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def test_missing_files(folder, tmp_path):
+    with pytest.raises(PolicyError, match=r"nowhere.*no such file"):
+        load(tmp_path / "nowhere")
+    f = _copy(folder, tmp_path / "p")
+    (f / "weights.npz").unlink()
+    with pytest.raises(PolicyError, match=r"weights\.npz: no such file"):
+        load(f)
+
+
+def test_truncated_or_corrupt_archive(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    data = (f / "weights.npz").read_bytes()
+    (f / "weights.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PolicyError, match=r"weights\.npz: truncated or corrupt"):
+        load(f)
+    (f / "weights.npz").write_bytes(b"not a zip at all")
+    with pytest.raises(PolicyError, match=r"weights\.npz: truncated or corrupt"):
+        load(f)
+
+
+def test_truncated_json_and_unknown_version(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    text = (f / "policy.json").read_text()
+    (f / "policy.json").write_text(text[: len(text) // 3])
+    with pytest.raises(PolicyError, match=r"policy\.json: not valid JSON"):
+        load(f)
+    (f / "policy.json").write_text(text)
+    _edit_meta(f, lambda m: m.update(format_version=99))
+    with pytest.raises(PolicyError, match=r"policy\.json: unknown policy format version 99"):
+        load(f)
+
+
+def test_hash_mismatch(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    arrays = _arrays(f)
+    arrays["act.bias"] = arrays["act.bias"] + 1.0
+    np.savez(f / "weights.npz", **arrays)
+    with pytest.raises(PolicyError, match=r"weights\.npz: array 'act\.bias' does not match its sha256"):
+        load(f)
+
+
+def test_shape_mismatch(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    arrays = _arrays(f)
+    arrays["wait.weight"] = np.zeros((1, 17), np.float32)
+    np.savez(f / "weights.npz", **arrays)
+    with pytest.raises(PolicyError, match=r"weights\.npz: array 'wait\.weight' is float32 \(1, 17\), declared"):
+        load(f)
+    g = _copy(folder, tmp_path / "q")
+    _edit_meta(g, lambda m: m["arrays"]["shapes"].update({"wait.weight": [1, 17]}))
+    with pytest.raises(PolicyError, match=r"policy\.json: declared array shapes do not fit"):
+        load(g)
+
+
+def test_pickled_objects_are_refused_and_never_run(folder, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    f = _copy(folder, tmp_path / "p")
+    arrays = _arrays(f)
+    obj = np.empty(1, dtype=object)
+    obj[0] = Payload()
+    arrays["act.bias"] = obj
+    np.savez(f / "weights.npz", **arrays)  # np.savez pickles object arrays
+    with pytest.raises(PolicyError, match=r"weights\.npz: array 'act\.bias' holds pickled Python objects"):
+        load(f)
+    assert not marker.exists()
+
+
+def test_unexpected_members_and_paths(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    with zipfile.ZipFile(f / "weights.npz", "a") as zf:
+        zf.writestr("extra.npy", b"\x93NUMPY")
+    with pytest.raises(PolicyError, match=r"weights\.npz: the archive's members do not match"):
+        load(f)
+    g = _copy(folder, tmp_path / "q")
+    _edit_meta(g, lambda m: m["arrays"].update(file="../../etc/passwd"))
+    with pytest.raises(PolicyError, match=r"policy\.json: the weights file must be a plain file name"):
+        load(g)
+
+
+def test_another_observation_layout(folder, tmp_path):
+    f = _copy(folder, tmp_path / "p")
+    _edit_meta(f, lambda m: m["observation"]["static_features"].pop())
+    with pytest.raises(PolicyError, match=r"policy\.json: made for another observation layout"):
+        load(f)
+
+
+def test_cannot_plan_is_a_policy_error(folder, tmp_path):
+    arrays = _arrays(folder)
+    small = write_policy(tmp_path / "small", arrays, hidden=16, rounds=2, max_nodes=MAX_NODES, max_graph_ops=40)
+    with pytest.raises(PolicyError, match="has 60 ops; this policy plans at most 40"):
+        load(small).plan(generate("layered", 60, 1), get_machine("xeon-8180-2s"))
+    cpu_only = write_policy(tmp_path / "cpu", arrays, hidden=16, rounds=2, max_nodes=MAX_NODES,
+                            machines=["cpu:8:90:40"], gpus=False)
+    with pytest.raises(PolicyError, match="trained on CPU-only machines"):
+        load(cpu_only).plan(generate("layered", 20, 1), get_machine("dgx1-4v100"))
