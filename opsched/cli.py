@@ -60,6 +60,9 @@ from opsched.commands import (  # noqa: E402,F401
     machine,
     maestro,
     profile,
+    quickstart,
+    train,
+    tune,
 )
 
 if __name__ == "__main__":

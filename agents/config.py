@@ -1,0 +1,340 @@
+"""Training configuration: every setting a run depends on, resolved and saved.
+
+A :class:`TrainConfig` holds the run's identity (name, seed, output root), the
+training and held-out sets (as short spec strings, so the YAML stays
+readable), the evaluation schedule and the PPO / encoder hyperparameters.
+``resolve()`` merges the named entry of ``agents/hyperparams/ppo.yml`` with
+``--set key=value`` overrides; the resolved config is what lands in the run's
+``config.yaml``, so a run can be reproduced (or resumed) from its folder alone.
+
+Graph specs:
+    ``zoo:NAME``             a zoo model at batch 1, width 1.0
+    ``zoo:NAME@BxW``         at batch B and width W (``zoo:resnet50@4x0.5``)
+    ``FAMILY:N_OPS:SEED[:KEY=VALUE...]``  a synthetic DAG (``layered:60:3``,
+                             ``layered:80:4:mean_width=1.5``), families of opsched.synthetic
+    ``path/to/graph.json``   a saved OpGraph
+Machine specs: a preset name (``dgx1-4v100``), a YAML file, or
+``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]`` (a CPU-only machine, for training on
+many core counts and sockets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.resources
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opsched.errors import OpschedError
+
+#: Settings of the PPO / encoder / imitation block, with their types (for --set).
+HYPERPARAM_TYPES: dict[str, type] = {
+    "learning_rate": float, "n_steps": int, "batch_size": int, "n_epochs": int, "gamma": float,
+    "gae_lambda": float, "clip_range": float, "ent_coef": float, "vf_coef": float, "max_grad_norm": float,
+    "target_kl": float, "hidden": int, "rounds": int,
+    "imitation_rounds": int, "imitation_steps": int, "imitation_lr": float, "imitation_batch": int,
+    "imitation_first": int, "imitation_episodes": int, "imitation_keep": float, "imitation_level_weight": float,
+}
+PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range",
+            "ent_coef", "vf_coef", "max_grad_norm", "target_kl")
+
+
+class ConfigError(OpschedError):
+    """A bad training / tuning setting (names the setting and the source)."""
+
+
+# Training set: the zoo at several batch sizes and widths plus the synthetic
+# families, on GPU presets and CPU-only machines of many core counts, so the
+# policy reads the hardware state rather than memorising one machine.  The
+# held-out graphs (two zoo models, unseen synthetic seeds) and machines
+# (knl-68, xeon-8180-2s) never appear in training.
+DEFAULT_TRAIN_GRAPHS = [
+    "zoo:resnet50@1x0.5", "zoo:resnet50@8x0.5",
+    "zoo:nasnet@1x0.5", "zoo:nasnet@4x1.0",
+    "zoo:randwire@1x0.5", "zoo:randwire@8x1.0",
+    "zoo:lstm@1x0.5", "zoo:lstm@16x1.0",
+    *[f"{fam}:{n}:{seed}" for fam in ("layered", "erdos_renyi", "watts_strogatz")
+      for n in (20, 40, 60, 80, 100, 120) for seed in (1, 2, 3)],
+    *[f"layered:{n}:4:mean_width={w}" for n in (40, 80, 120) for w in (1.5, 6)],
+]
+DEFAULT_TRAIN_MACHINES = [
+    "dgx1-4v100", "2x2080ti", "4xa6000",
+    "cpu:8:90:40", "cpu:16:80:100", "cpu:24:120:140", "cpu:32:60:200", "cpu:40:70:150",
+    "cpu:48:110:200", "cpu:64:50:300", "cpu:72:40:380", "cpu:40:90:180:2", "cpu:64:70:260:2",
+]
+DEFAULT_HELDOUT_GRAPHS = [
+    "zoo:inception@1x0.5", "zoo:transformer@4x0.5",
+    "layered:80:101", "erdos_renyi:80:102", "watts_strogatz:80:103",
+]
+DEFAULT_HELDOUT_MACHINES = ["knl-68", "xeon-8180-2s"]
+DEFAULT_BASELINES = ["critical-path-first", "heft", "sequential"]
+# Real execution (``--backend torch-cpu``): this machine, and zoo graphs small
+# enough that a measured episode takes a fraction of a second.
+REAL_TRAIN_MACHINES = ["local"]
+REAL_TRAIN_GRAPHS = ["zoo:resnet50@1x0.5", "zoo:randwire@1x0.5", "zoo:lstm@1x0.5", "zoo:nasnet@1x0.5"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``train()`` needs.  Plain data: saved as YAML, loaded back by ``--resume``."""
+
+    name: str = "ppo"
+    timesteps: int = 40_000
+    n_envs: int = 2
+    seed: int = 0
+    hyperparams: str = "default"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    backend: str = "sim"
+    init: str | None = None
+    out: str = "runs"
+    max_nodes: int = 128
+    train_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_GRAPHS))
+    train_machines: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_MACHINES))
+    heldout_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_GRAPHS))
+    heldout_machines: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_MACHINES))
+    baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
+    #: Torch intra-op threads of the trainer.  1 is right on a small or shared
+    #: machine (the env workers need the other cores, and OpenMP threads that
+    #: spin against other processes slow the small matmuls here tenfold).
+    torch_threads: int = 1
+    #: Held-out evaluation and checkpoint periods, in environment steps.
+    eval_freq: int = 5_000
+    checkpoint_freq: int = 10_000
+    #: Filled by resolve(): the merged hyperparameter block.
+    ppo: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------- (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "<config>") -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read the config: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+        return cls.from_dict(data, where=str(path))
+
+    # --------------------------------------------------------------- resolving
+    def resolve(self) -> TrainConfig:
+        """A copy with ``ppo`` = the named hyperparameter entry, then the overrides.
+
+        An override key is a hyperparameter (``learning_rate``) or a top-level
+        setting (``eval_freq``); anything else is an error naming the key."""
+        cfg = dataclasses.replace(self, overrides=dict(self.overrides), ppo=dict(self.ppo))
+        if not cfg.ppo:
+            cfg.ppo = load_hyperparams(cfg.hyperparams)
+        fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+        for key, raw in cfg.overrides.items():
+            if key in HYPERPARAM_TYPES:
+                cfg.ppo[key] = _coerce(key, raw, HYPERPARAM_TYPES[key])
+            elif key in fields and key not in ("ppo", "overrides"):
+                setattr(cfg, key, _coerce_like(key, raw, getattr(cfg, key)))
+            else:
+                raise ConfigError(
+                    f"--set {key}: unknown setting; hyperparameters: {', '.join(HYPERPARAM_TYPES)}; "
+                    f"settings: {', '.join(k for k in fields if k not in ('ppo', 'overrides'))}")
+        if cfg.backend != "sim":
+            # Measured rewards: this machine, executable (zoo) graphs, one env
+            # (parallel envs would time each other's runs).
+            if cfg.train_machines == DEFAULT_TRAIN_MACHINES:
+                cfg.train_machines = list(REAL_TRAIN_MACHINES)
+            if cfg.train_graphs == DEFAULT_TRAIN_GRAPHS:
+                cfg.train_graphs = list(REAL_TRAIN_GRAPHS)
+            cfg.n_envs = 1
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.timesteps < 0:
+            raise ConfigError(f"timesteps must be >= 0, got {self.timesteps}")
+        if self.torch_threads < 1:
+            raise ConfigError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        if self.n_envs < 1:
+            raise ConfigError(f"n_envs must be >= 1, got {self.n_envs}")
+        if self.backend not in ("sim", "torch-cpu"):
+            raise ConfigError(f"backend must be 'sim' or 'torch-cpu', got {self.backend!r}")
+        if self.eval_freq < 1 or self.checkpoint_freq < 1:
+            raise ConfigError("eval_freq and checkpoint_freq must be >= 1 environment step")
+        for what in ("train_graphs", "train_machines", "heldout_graphs", "heldout_machines"):
+            if not getattr(self, what):
+                raise ConfigError(f"{what} is empty")
+        overlap = set(self.train_machines) & set(self.heldout_machines)
+        if overlap:
+            raise ConfigError(f"held-out machine(s) {sorted(overlap)} are also in train_machines")
+        overlap = set(self.train_graphs) & set(self.heldout_graphs)
+        if overlap:
+            raise ConfigError(f"held-out graph(s) {sorted(overlap)} are also in train_graphs")
+        if self.backend != "sim":
+            bad = [g for g in self.train_graphs if not g.startswith("zoo:")]
+            if bad:
+                raise ConfigError(f"backend {self.backend!r} executes the training graphs for real; {bad} have "
+                                  "no executable model (use zoo:NAME graphs)")
+        missing = [k for k in PPO_KEYS + ("hidden", "rounds") if k not in self.ppo]
+        if missing:
+            raise ConfigError(f"hyperparameters {self.hyperparams!r} lack {', '.join(missing)}")
+
+    def ppo_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``MaskablePPO`` (the PPO part of the block)."""
+        return {k: self.ppo[k] for k in PPO_KEYS if k in self.ppo}
+
+
+def _coerce(key: str, raw: Any, typ: type) -> Any:
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
+        return None
+    try:
+        return typ(float(raw)) if typ is int and isinstance(raw, str) and "e" in raw.lower() else typ(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--set {key}={raw!r}: expected {typ.__name__}") from exc
+
+
+def _coerce_like(key: str, raw: Any, current: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    if isinstance(current, list) or current is None or isinstance(current, dict):
+        value = yaml.safe_load(raw)
+        if isinstance(current, list) and isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return value
+    return _coerce(key, raw, type(current))
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``["learning_rate=1e-4", "eval_freq=2000"]`` -> dict (values kept as text, typed in resolve)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out
+
+
+# ------------------------------------------------------------------- hyperparams
+def hyperparams_text() -> str:
+    return (importlib.resources.files("opsched.agents") / "hyperparams" / "ppo.yml").read_text()
+
+
+def load_hyperparams(name: str) -> dict[str, Any]:
+    """The entry ``name`` of ``agents/hyperparams/ppo.yml`` (a copy)."""
+    table = yaml.safe_load(hyperparams_text()) or {}
+    if name not in table:
+        raise ConfigError(f"hyperparameters {name!r} not in agents/hyperparams/ppo.yml; entries: {', '.join(table)}")
+    entry = dict(table[name])
+    for key in entry:
+        if key not in HYPERPARAM_TYPES:
+            raise ConfigError(f"agents/hyperparams/ppo.yml [{name}]: unknown key {key!r}")
+    return entry
+
+
+# --------------------------------------------------------------------- graphs
+@functools.lru_cache(maxsize=1)
+def _importer_hash() -> str:
+    """A hash of the zoo and importer sources: a cached zoo graph is reused only
+    while the code that built it is unchanged."""
+    import opsched.importers
+    import opsched.zoo
+
+    h = hashlib.sha256()
+    for pkg in (opsched.zoo, opsched.importers):
+        for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_graph_spec(spec: str, cache_dir: str | Path | None = None, executable: bool = False):  # -> OpGraph
+    """Build the graph a spec names (see the module docstring).
+
+    Zoo graphs are traced from real torch modules (seconds each); with
+    ``cache_dir`` their JSON is kept there, keyed by the spec and the importer
+    sources.  ``executable=True`` (real backends) always traces, so the graph
+    carries its torch source."""
+    if spec.startswith("zoo:") and cache_dir is not None and not executable:
+        key = hashlib.sha256(f"{spec}|{_importer_hash()}".encode()).hexdigest()[:20]
+        path = Path(cache_dir) / f"{key}.json"
+        if path.is_file():
+            from opsched.graph import OpGraph
+
+            return OpGraph.load(path)
+        graph = _load_graph_spec(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save(path)
+        return graph
+    return _load_graph_spec(spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_graph_spec(spec: str):  # -> OpGraph
+    """Build the graph a spec names (see the module docstring)."""
+    from opsched.graph import OpGraph
+
+    if spec.startswith("zoo:"):
+        from opsched.models import load_graph
+
+        body = spec[len("zoo:"):]
+        name, _, size = body.partition("@")
+        batch, width = 1, 1.0
+        if size:
+            try:
+                b, w = size.split("x")
+                batch, width = int(b), float(w)
+            except ValueError as exc:
+                raise ConfigError(f"graph spec {spec!r}: expected zoo:NAME@BATCHxWIDTH") from exc
+        return load_graph(f"zoo:{name}", batch, width)
+    parts = spec.split(":")
+    if len(parts) >= 3 and not spec.endswith(".json") and not Path(spec).exists():
+        from opsched.synthetic import FAMILIES, generate
+
+        family, n_ops, seed = parts[:3]
+        if family not in FAMILIES:
+            raise ConfigError(f"graph spec {spec!r}: unknown family {family!r}; families: {', '.join(FAMILIES)}")
+        try:
+            options = {k: float(v) for k, v in (p.split("=", 1) for p in parts[3:])}
+            return generate(family, int(n_ops), int(seed), **options)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"graph spec {spec!r}: expected FAMILY:N_OPS:SEED[:KEY=VALUE...] ({exc})") from exc
+    if Path(spec).exists():
+        return OpGraph.load(spec)
+    raise ConfigError(f"graph spec {spec!r}: not zoo:NAME[@BxW], FAMILY:N_OPS:SEED or a graph JSON file")
+
+
+@functools.lru_cache(maxsize=64)
+def load_machine_spec(spec: str):  # -> Machine
+    """A preset, a YAML file, or ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``."""
+    from opsched.machine import Device, Machine, get_machine
+
+    if spec.startswith("cpu:"):
+        try:
+            parts = spec.split(":")[1:]
+            if len(parts) not in (3, 4):
+                raise ValueError(spec)
+            cores, gflops, bw = parts[:3]
+            sockets = int(parts[3]) if len(parts) == 4 else 1
+            device = Device(id="cpu", kind="cpu", cores=int(cores), gflops=float(gflops),
+                            mem_bandwidth_gbs=float(bw), memory_gb=64.0, sockets=sockets,
+                            name=f"{cores}-core {sockets}-socket CPU")
+        except ValueError as exc:
+            raise ConfigError(f"machine spec {spec!r}: expected cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]") from exc
+        return Machine(name=spec.replace(":", "-"), devices=(device,),
+                       description="CPU-only training machine", source="opsched.agents.config")
+    return get_machine(spec)

@@ -1,0 +1,223 @@
+"""The graph encoder: message passing over the op DAG, pooled with the hardware
+state into a global context, and actions scored per op.
+
+Why a graph network and not an MLP over the padded observation: the same
+weights must schedule a 20-op graph on a 2-core laptop and a 300-op graph on a
+68-core KNL.  Every weight here acts on one op or one edge at a time, or on
+the fixed-size machine state (``MAX_DEVICES`` rows) and pooled summaries, so
+nothing depends on ``max_nodes`` or the graph's size, and renumbering the ops
+renumbers the scores (permutation consistency, pinned by a test).
+
+The exact computation, for ONE observation (``numpy_forward`` below is the
+reference; the torch module computes the same thing batched).  Dense ops
+only: matmuls, ReLU, scatter-add, masked pooling, so an exported policy can
+run it in plain numpy.
+
+    X      = [node_static | node_dynamic | node_levels]          (N x F)
+             (node_levels: each op's speed-up at every CPU thread level, added by
+             ``opsched.agents.environments.LevelTimes``; absent -> not concatenated)
+    m      = node_mask                                           (N,)   1 = real op
+    (s, t) = edge_index rows 0 and 1 (source, target op slots)   (E,)
+    e      = edge_mask                                           (E,)   1 = real edge
+
+    h      = relu(X @ W_in + b_in) * m[:, None]
+    repeat for r = 0 .. rounds-1   (separate weights per round):
+        fwd[i] = sum_{j: t_j = i} e_j h[s_j] / max(1, sum_{j: t_j = i} e_j)   (mean over predecessors)
+        bwd[i] = sum_{j: s_j = i} e_j h[t_j] / max(1, sum_{j: s_j = i} e_j)   (mean over successors)
+        h      = relu(h @ S_r + fwd @ P_r + bwd @ Q_r + b_r) * m[:, None]
+    pool   = [ sum_i m_i h_i / max(1, sum m),                    masked mean of the op embeddings
+               max_i h_i * m_i,                                  masked max (h >= 0, padding is 0)
+               hardware.reshape(MAX_DEVICES * F_hw),             every device's state, in device order
+               globals ]
+    c      = relu(pool @ W_ctx + b_ctx)                          (H,)      the global context
+    u_i    = relu(h_i @ A_op + c @ A_ctx + a)                    (N x H)   op i in context
+    score  = u @ W_act + b_act                                   (N x MAX_DEVICES * MAX_LEVELS)
+    logits = [ score.reshape(N * MAX_DEVICES * MAX_LEVELS) , c @ w_wait + b_wait ]
+    value  = relu(c @ V_1 + v_1) @ V_2 + v_2
+
+The reshape is row-major over (op slot, device, level), which is exactly the
+flat action order of :mod:`opsched.envs.spaces`:
+``(slot * MAX_DEVICES + device) * MAX_LEVELS + level``, then "wait".
+Masking of invalid actions is the env's ``action_masks()`` (MaskablePPO sets
+their logits to -inf); the encoder never needs to know which are valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS, OBS_KEYS
+
+#: The optional per-level time curve (``opsched.agents.environments.LevelTimes``).
+LEVEL_KEY = "node_levels"
+
+
+def _edge_pairs(edge_index, n_edges: int):
+    """(..., E, 2) (source, target) view of the env's ``edge_index`` (..., 2, E)."""
+    if edge_index.shape[-2:] != (2, n_edges):
+        raise ValueError(f"edge_index has shape {tuple(edge_index.shape)}, expected (..., 2, {n_edges})")
+    if isinstance(edge_index, th.Tensor):
+        return edge_index.transpose(-1, -2)
+    return np.swapaxes(edge_index, -1, -2)
+
+
+class GraphEncoder(BaseFeaturesExtractor):
+    """Features extractor that already holds the policy's action and value heads.
+
+    Its output is ``[action logits (n_actions), value (1)]``: SB3's actor-critic
+    policy then only splits it (see :class:`opsched.agents.policy.GraphPolicy`),
+    so the logits stay a per-op function of the graph instead of passing through
+    a fixed-width MLP.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, rounds: int = 3) -> None:
+        n_nodes, f_static = observation_space["node_static"].shape
+        f_dynamic = observation_space["node_dynamic"].shape[1]
+        self.node_keys = ("node_static", "node_dynamic") + ((LEVEL_KEY,) if LEVEL_KEY in observation_space.spaces
+                                                              else ())
+        f_levels = observation_space[LEVEL_KEY].shape[1] if LEVEL_KEY in observation_space.spaces else 0
+        n_devices, f_hw = observation_space["hardware"].shape
+        f_glob = observation_space["globals"].shape[0]
+        if n_devices != MAX_DEVICES:
+            raise ValueError(f"hardware observation has {n_devices} rows, expected MAX_DEVICES={MAX_DEVICES}")
+        self.n_nodes = int(n_nodes)
+        self.n_actions = self.n_nodes * MAX_DEVICES * MAX_LEVELS + 1
+        super().__init__(observation_space, features_dim=self.n_actions + 1)
+        missing = [k for k in OBS_KEYS if k not in observation_space.spaces]
+        if missing:
+            raise ValueError(f"observation lacks {missing}; the encoder reads {OBS_KEYS} (envs/spaces.py)")
+        self.n_edges = int(observation_space["edge_mask"].shape[0])
+        self.hidden, self.rounds = int(hidden), int(rounds)
+        H = self.hidden
+        self.inp = nn.Linear(f_static + f_dynamic + f_levels, H)
+        self.self_lin = nn.ModuleList(nn.Linear(H, H) for _ in range(rounds))
+        self.fwd_lin = nn.ModuleList(nn.Linear(H, H, bias=False) for _ in range(rounds))
+        self.bwd_lin = nn.ModuleList(nn.Linear(H, H, bias=False) for _ in range(rounds))
+        self.ctx = nn.Linear(2 * H + n_devices * f_hw + f_glob, H)
+        self.op_head = nn.Linear(H, H)
+        self.ctx_head = nn.Linear(H, H, bias=False)
+        self.act = nn.Linear(H, MAX_DEVICES * MAX_LEVELS)
+        self.wait = nn.Linear(H, 1)
+        self.value1 = nn.Linear(H, H)
+        self.value2 = nn.Linear(H, 1)
+        # Start near the uniform policy over valid actions (PPO's usual small
+        # output gain), so early exploration is not biased by random weights.
+        for head in (self.act, self.wait):
+            nn.init.orthogonal_(head.weight, gain=0.01)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
+        logits, value = self.logits_and_value(obs)
+        return th.cat([logits, value], dim=1)
+
+    def logits_and_value(self, obs: Mapping[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
+        """(logits [B, n_actions], value [B, 1]).
+
+        Padding is skipped: only the op slots and edges up to the last real one
+        in the batch are computed (the env packs real ops and edges first; this
+        holds without it too), and the padded slots get the scores of an op
+        with a zero embedding -- exactly what the full computation gives them."""
+        node_mask = obs["node_mask"]
+        B, N = node_mask.shape
+        n = _used(node_mask)
+        n_e = _used(obs["edge_mask"])
+        x = th.cat([obs[k][:, :n] for k in self.node_keys], dim=-1)
+        m = node_mask[:, :n].unsqueeze(-1)
+        pairs = _edge_pairs(obs["edge_index"], self.n_edges)[:, :n_e].long().clamp(0, max(n - 1, 0))
+        e_flat = obs["edge_mask"][:, :n_e].reshape(-1, 1)
+        offset = (th.arange(B, device=x.device) * n).reshape(B, 1)
+        src = (pairs[..., 0] + offset).reshape(-1)
+        dst = (pairs[..., 1] + offset).reshape(-1)
+        zeros1 = th.zeros(B * n, 1, device=x.device)
+        indeg = zeros1.index_add(0, dst, e_flat).clamp_(min=1.0)
+        outdeg = zeros1.index_add(0, src, e_flat).clamp_(min=1.0)
+
+        h = th.relu(self.inp(x)) * m
+        for r in range(self.rounds):
+            hf = h.reshape(B * n, -1)
+            zeros = th.zeros_like(hf)
+            fwd = zeros.index_add(0, dst, hf[src] * e_flat) / indeg
+            bwd = zeros.index_add(0, src, hf[dst] * e_flat) / outdeg
+            h = th.relu(self.self_lin[r](h) + self.fwd_lin[r](fwd.reshape(B, n, -1))
+                        + self.bwd_lin[r](bwd.reshape(B, n, -1))) * m
+
+        pooled = th.cat([
+            (h * m).sum(1) / m.sum(1).clamp(min=1.0),
+            (h * m).max(1).values if n > 0 else h.new_zeros(B, self.hidden),
+            obs["hardware"].reshape(B, -1),
+            obs["globals"],
+        ], dim=1)
+        c = th.relu(self.ctx(pooled))
+        cterm = self.ctx_head(c).unsqueeze(1)                                  # (B, 1, H)
+        per_op = self.act(th.relu(self.op_head(h) + cterm))                    # (B, n, D*L)
+        if n < N:
+            pad = self.act(th.relu(self.op_head.bias + cterm))                 # an op with h = 0
+            per_op = th.cat([per_op, pad.expand(B, N - n, -1)], dim=1)
+        logits = th.cat([per_op.reshape(B, N * MAX_DEVICES * MAX_LEVELS), self.wait(c)], dim=1)
+        value = self.value2(th.relu(self.value1(c)))
+        return logits, value
+
+
+def _used(mask: th.Tensor) -> int:
+    """1 + the last index any row of the batch uses (0 if none)."""
+    cols = th.nonzero(mask.any(0))
+    return int(cols.max()) + 1 if cols.numel() else 0
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+def numpy_params(encoder: GraphEncoder) -> dict[str, np.ndarray]:
+    """The encoder's weights as plain arrays (torch ``Linear`` stores W transposed:
+    ``y = x @ weight.T + bias``), keyed by parameter name."""
+    return {k: v.detach().cpu().numpy().astype(np.float64) for k, v in encoder.state_dict().items()}
+
+
+def numpy_forward(params: Mapping[str, np.ndarray], obs: Mapping[str, np.ndarray],
+                  rounds: int) -> tuple[np.ndarray, float]:
+    """The encoder for ONE (unbatched) observation in plain numpy: (logits, value).
+
+    This is the reference the exported scheduler implements; it must equal the
+    torch module to float precision (tested)."""
+
+    def lin(name: str, x: np.ndarray) -> np.ndarray:
+        y = x @ params[f"{name}.weight"].T
+        bias = params.get(f"{name}.bias")
+        return y if bias is None else y + bias
+
+    relu = lambda a: np.maximum(a, 0.0)  # noqa: E731
+    keys = ["node_static", "node_dynamic"] + ([LEVEL_KEY] if LEVEL_KEY in obs else [])
+    x = np.concatenate([obs[k] for k in keys], axis=-1).astype(np.float64)
+    N = x.shape[0]
+    m = np.asarray(obs["node_mask"], dtype=np.float64).reshape(N, 1)
+    e = np.asarray(obs["edge_mask"], dtype=np.float64).reshape(-1, 1)
+    pairs = np.clip(_edge_pairs(np.asarray(obs["edge_index"]), e.shape[0]).astype(np.int64), 0, N - 1)
+    src, dst = pairs[:, 0], pairs[:, 1]
+    indeg = np.maximum(np.bincount(dst, weights=e[:, 0], minlength=N), 1.0).reshape(N, 1)
+    outdeg = np.maximum(np.bincount(src, weights=e[:, 0], minlength=N), 1.0).reshape(N, 1)
+
+    h = relu(lin("inp", x)) * m
+    for r in range(rounds):
+        fwd = np.zeros_like(h)
+        bwd = np.zeros_like(h)
+        np.add.at(fwd, dst, h[src] * e)
+        np.add.at(bwd, src, h[dst] * e)
+        h = relu(lin(f"self_lin.{r}", h) + lin(f"fwd_lin.{r}", fwd / indeg) + lin(f"bwd_lin.{r}", bwd / outdeg)) * m
+
+    pooled = np.concatenate([
+        (h * m).sum(0) / max(m.sum(), 1.0),
+        (h * m).max(0),
+        np.asarray(obs["hardware"], dtype=np.float64).reshape(-1),
+        np.asarray(obs["globals"], dtype=np.float64),
+    ])
+    c = relu(lin("ctx", pooled))
+    u = relu(lin("op_head", h) + lin("ctx_head", c)[None, :])
+    scores = lin("act", u).reshape(N * MAX_DEVICES * MAX_LEVELS)
+    logits = np.concatenate([scores, lin("wait", c)])
+    value = float(lin("value2", relu(lin("value1", c)))[0])
+    return logits, value

@@ -1,0 +1,175 @@
+"""`opsched train-policy`: run folders, resume, Ctrl-C (tiny graphs, a few hundred steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sb3_contrib")
+
+from typer.testing import CliRunner  # noqa: E402
+
+import opsched.commands.train  # noqa: E402,F401  (registers the command)
+from opsched.cli import app  # noqa: E402
+
+TINY = [
+    "--hyperparams", "tiny", "--n-envs", "2",
+    "--set", "max_nodes=32",
+    "--set", "train_graphs=layered:20:1,erdos_renyi:24:2",
+    "--set", "train_machines=cpu:8:90:40,2x2080ti",
+    "--set", "heldout_graphs=watts_strogatz:20:3",
+    "--set", "heldout_machines=knl-68",
+    "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
+]
+
+
+def _train(tmp_path: Path, *args: str):
+    result = CliRunner().invoke(app, ["train-policy", "--out", str(tmp_path), "--no-progress", *args],
+                                catch_exceptions=False)
+    return result
+
+
+def _only_run(tmp_path: Path) -> Path:
+    runs = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_tiny_run_writes_every_file(tmp_path):
+    result = _train(tmp_path, "--name", "tiny", "--timesteps", "256", *TINY)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "tiny_1"
+    for name in ("config.yaml", "command.txt", "versions.json", "evaluations.csv", "best_model.zip",
+                 "final_model.zip", "learning_curve.png", "heldout_baselines.json"):
+        assert (run / name).is_file(), name
+    assert "train-policy" in (run / "command.txt").read_text()
+    versions = json.loads((run / "versions.json").read_text())
+    assert versions["packages"]["sb3-contrib"] and versions["python"]
+    assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+    from opsched.agents import Run, load_model
+
+    r = Run.open(run)
+    assert r.config.ppo["hidden"] == 16 and r.config.max_nodes == 32   # resolved settings saved
+    steps = [c.steps for c in r.checkpoints()]
+    assert steps[0] == 0 and steps[-1] == 256 and 128 in steps
+    rows = r.evaluations()
+    assert [row["imitation_round"] for row in rows if row["imitation_round"] >= 0] == [0]  # the warm start
+    assert [row["timesteps"] for row in rows if row["imitation_round"] < 0] == [0, 128, 256]
+    assert {"gmean_cpf", "gmean_heft", "gmean_sequential", "mean_cpf", "worst_best"} <= set(rows[0])
+    assert all(row[k] > 0 for row in rows for k in ("gmean_cpf", "gmean_heft", "gmean_sequential"))
+    best = min(row["gmean_best"] for row in rows)
+    assert json.loads((run / "summary.json").read_text())["best_score"] == pytest.approx(best)
+
+    # TensorBoard: episode return, held-out ratios against each baseline, entropy, losses
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("rollout/ep_rew_mean", "heldout/gmean_cpf", "heldout/gmean_heft", "heldout/gmean_sequential",
+                "train/entropy_loss", "train/value_loss", "train/policy_gradient_loss",
+                "imitation/accuracy", "imitation/heldout/gmean_cpf"):
+        assert tag in tags, (tag, sorted(tags))
+
+    # the best model loads (tensors only) and schedules a held-out graph into a valid plan
+    from opsched.agents.config import load_graph_spec, load_machine_spec
+    from opsched.agents.environments import make_env
+    from opsched.agents.evaluate import policy_actor, run_episode
+
+    model = load_model(run)
+    g, m = load_graph_spec("watts_strogatz:20:3"), load_machine_spec("knl-68")
+    _, info = run_episode(make_env([g], [m], 32), policy_actor(model.policy))
+    info["plan"].validate(g, m)
+
+
+def test_resume_continues_the_step_counter(tmp_path):
+    assert _train(tmp_path, "--name", "r", "--timesteps", "128", *TINY).exit_code == 0
+    run = _only_run(tmp_path)
+    result = _train(tmp_path, "--resume", str(run), "--timesteps", "384")
+    assert result.exit_code == 0, result.output
+    assert _only_run(tmp_path) == run                     # same folder, no new run, nothing overwritten
+    from opsched.agents import Run
+
+    r = Run.open(run)
+    assert r.last_checkpoint().steps == 384
+    steps = [row["timesteps"] for row in r.evaluations() if row["imitation_round"] < 0]
+    assert steps[0] == 0 and steps == sorted(steps) and steps[-1] == 384 and len(set(steps)) == len(steps)
+    assert len((run / "command.txt").read_text().splitlines()) == 2
+    assert r.config.timesteps == 384
+    # resuming with a setting change is refused
+    bad = CliRunner().invoke(app, ["train-policy", "--resume", str(run), "--set", "n_steps=8"])
+    assert bad.exit_code != 0
+
+
+def test_rng_state_round_trips(tmp_path):
+    """capture_rng / restore_rng: the same random numbers after a restore (torch, numpy,
+    python and every env's generator)."""
+    import random
+
+    import torch as th
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from opsched.agents.callbacks import capture_rng, restore_rng
+    from opsched.agents.config import TrainConfig, load_machine_spec
+    from opsched.agents.environments import make_env
+    from opsched.agents.train import build_model
+    from opsched.synthetic import generate
+
+    g = generate("layered", 12, 1)
+    env = DummyVecEnv([lambda: make_env([g], [load_machine_spec("cpu:8:90:40"), load_machine_spec("knl-68")], 16)] * 2)
+    model = build_model(TrainConfig(hyperparams="tiny").resolve(), env, seed=3)
+    env.reset()
+    state = json.loads(json.dumps(capture_rng(model)))     # through JSON, as in a checkpoint
+
+    def draw():
+        return (th.rand(3).tolist(), np.random.rand(3).tolist(), random.random(),
+                [e.np_random.random() for e in (w.unwrapped for w in env.envs)])
+
+    first = draw()
+    restore_rng(model, state)
+    assert draw() == first
+
+
+def test_ctrl_c_leaves_a_loadable_checkpoint(tmp_path):
+    code = ("import sys, opsched.commands.train; from opsched.cli import main; "
+            "sys.argv = ['opsched'] + sys.argv[1:]; main()")
+    args = [sys.executable, "-c", code, "train-policy", "--out", str(tmp_path), "--name", "int",
+            "--timesteps", "1000000", "--no-progress", *TINY]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    try:
+        run = tmp_path / "int_1"
+        deadline = time.time() + 120
+        while time.time() < deadline:           # wait until PPO has done an update and a checkpoint
+            if (run / "checkpoints" / "step_128.json").exists():
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        else:
+            pytest.fail("training never reached step 128")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "checkpoint saved" in out and "Traceback" not in out
+
+    from opsched.agents import Run, load_model
+
+    r = Run.open(run)
+    cp = r.last_checkpoint()
+    assert cp.steps >= 128
+    assert json.loads(cp.state_file.read_text())["num_timesteps"] == cp.steps
+    model = load_model(cp.model)
+    assert model.policy is not None
+    assert not (run / ".lock").exists()
