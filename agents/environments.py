@@ -21,7 +21,6 @@ from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-
 from opsched.agents.encoder import LEVEL_KEY
 
 

@@ -240,9 +240,11 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
                first_episodes: int | None = None, keep: float = 1.0, model: Any = None,
                log: Callable[[str], None] = lambda s: None, should_stop: Callable[[], bool] = lambda: False,
                after_round: Callable[[int, dict[str, float]], None] | None = None,
-               level_weight: float = 0.0) -> list[dict[str, float]]:
-    """DAgger: round 0 the expert plays, later rounds the (greedy) learner plays;
-    every state is labelled by the expert and the policy is refit on all of them.
+               level_weight: float = 0.0, dagger: bool = True) -> list[dict[str, float]]:
+    """DAgger: round 0 the expert plays, later rounds the (greedy) learner plays
+    (``dagger=False``: the expert plays every round -- plain behaviour cloning on
+    more and more pairs); every state is labelled by the expert and the policy
+    is refit on all of them.
     ``after_round(r, stats)`` runs after each round (the trainer evaluates there)."""
     from opsched.agents.evaluate import policy_actor
 
@@ -262,14 +264,14 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
         n_eps = first_episodes if (r == 0 and first_episodes) else episodes_per_round
         pick = rng.choice(len(pairs), size=min(n_eps, len(pairs)), replace=False)
         chosen = [pairs[i] for i in pick]
-        learner = None if r == 0 else policy_actor(policy)
+        learner = None if (r == 0 or not dagger) else policy_actor(policy)
         rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng)
         stats = fit(policy, demos, steps, lr, batch_size, seed + r, should_stop, opt, level_weight)
         stats.update(round=r, samples=len(demos), played_return=float(np.mean(rets)) if rets else float("nan"),
                      seconds=time.time() - t0)
         history.append(stats)
         log(f"imitation round {r}: {len(demos)} states, accuracy {stats['accuracy']:.3f}, "
-            f"return of the {'expert' if r == 0 else 'learner'} {stats['played_return']:.4f}")
+            f"return of the {'learner' if learner else 'expert'} {stats['played_return']:.4f}")
         if after_round is not None and not should_stop():
             after_round(r, stats)
     return history

@@ -259,9 +259,9 @@ def plot_learning_curve(run: Run) -> Path | None:
     for col, (sel, xkey, xlabel) in enumerate(panels):
         ax, ax2 = axes[0][col], axes[1][col]
         xs = [r[xkey] for r in sel]
-        for i, key in enumerate(ratio_keys):
-            ax.plot(xs, [r[key] for r in sel], marker="o", ms=3, color=f"C{i}",
-                    label=key[len("gmean_"):].replace("_", "-"))
+        for i, key in enumerate(ratio_keys):  # line styles keep coinciding baselines visible
+            ax.plot(xs, [r[key] for r in sel], marker="o", ms=3, color=f"C{i}", ls=("-", "--", ":", "-.")[i % 4],
+                    lw=2.2 - 0.4 * (i % 4), label=key[len("gmean_"):].replace("_", "-"))
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.grid(alpha=0.3)
         ax2.plot(xs, [r.get("train_return", float("nan")) for r in sel], marker="o", ms=3, color="C6",

@@ -476,3 +476,136 @@ def fitted_or_analytic(machine: Machine | None = None, cache_dir: str | Path = D
         return FittedModel.from_cache(machine, cache_dir)
     except ProfileError:
         return AnalyticModel()
+
+
+# ------------------------------------------------------------- real runtime
+@dataclass(frozen=True)
+class RuntimeCalibration:
+    """What executing a whole plan on a real runtime adds to the profiled op times.
+
+    The profiler times each op alone, called back to back on one thread with
+    its inputs hot; a runtime executing a plan also pays, per op, its own
+    bookkeeping (ready counters, the slot pool, timing, freeing values) and,
+    when ops co-run on executor threads, the interpreter lock: the Python side
+    of every op call (the generated op callable, argument parsing, the
+    executor's bookkeeping) holds the GIL, only the kernels release it, so
+    small ops on two threads largely take turns.  Neither shows in a per-op
+    profile.  Fields (seconds unless said):
+
+    * ``op_overhead_s``: added to every CPU op's alone time;
+    * ``host_s``: of each op's time, the part that holds the interpreter lock
+      (its GIL share is ``min(1, host_s / t)``); co-running ops whose shares
+      add up to more than 1 slow down as the GIL is oversubscribed - the same
+      law as memory bandwidth in :meth:`AnalyticModel.slowdown`;
+    * ``corun_c0``: a flat slowdown of ops that co-run (shared caches,
+      frequency, hand-offs between executor threads);
+    * ``fitted_on``: what it was fitted on (models / plans), for the record.
+    """
+
+    op_overhead_s: float = 0.0
+    host_s: float = 0.0
+    corun_c0: float = 0.0
+    fitted_on: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"op_overhead_s": self.op_overhead_s, "host_s": self.host_s, "corun_c0": self.corun_c0,
+                "fitted_on": list(self.fitted_on)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object], where: str = "<dict>") -> RuntimeCalibration:
+        try:
+            vals = {k: float(data.get(k, 0.0)) for k in ("op_overhead_s", "host_s", "corun_c0")}  # type: ignore[arg-type]
+            fitted_on = tuple(str(x) for x in data.get("fitted_on", ()))  # type: ignore[union-attr]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ProfileError(f"{where}: malformed runtime calibration: {exc}") from None
+        bad = [k for k, v in vals.items() if not np.isfinite(v) or v < 0]
+        if bad:
+            raise ProfileError(f"{where}: runtime calibration {bad[0]} must be a finite number >= 0, "
+                               f"got {vals[bad[0]]!r}")
+        return cls(**vals, fitted_on=fitted_on)
+
+    def save(self, path: str | Path) -> None:
+        import json
+
+        from opsched.io import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> RuntimeCalibration:
+        import json
+
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ProfileError(f"{p}: no such runtime calibration file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProfileError(f"{p}: cannot read runtime calibration ({exc})") from None
+        if not isinstance(data, Mapping):
+            raise ProfileError(f"{p}: a runtime calibration is a JSON object")
+        return cls.from_dict(data, where=str(p))
+
+
+class CalibratedModel:
+    """A performance model plus a :class:`RuntimeCalibration`: what the real
+    runtime, not the op alone, will take (same API as the wrapped model).
+
+    CPU ops get ``op_overhead_s`` more; co-running CPU ops slow down by the
+    wrapped model's term plus the GIL and flat co-run terms (through
+    :meth:`corun_slowdown`, which the simulator calls with each op's alone
+    time).  GPU devices are passed through unchanged."""
+
+    def __init__(self, base: object, calibration: RuntimeCalibration) -> None:
+        self.base = base
+        self.calibration = calibration
+        self.name = f"{getattr(base, 'name', type(base).__name__)}+runtime"
+        self._tables: dict[tuple[str, str], TimeTable] = {}
+
+    def op_time(self, op: Op, device: Device, threads: int) -> float:
+        t = float(self.base.op_time(op, device, threads))  # type: ignore[attr-defined]
+        return t if device.is_gpu else t + self.calibration.op_overhead_s
+
+    def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
+        key = (graph.fingerprint(), machine.fingerprint())
+        hit = self._tables.get(key)
+        if hit is None:
+            base = self.base.time_table(graph, machine)  # type: ignore[attr-defined]
+            times = base.times.copy()
+            for d, dev in enumerate(machine.devices):
+                if not dev.is_gpu:
+                    times[:, d, :] += self.calibration.op_overhead_s
+            hit = self._tables[key] = TimeTable(times, base.levels, base.device_ids)
+        return hit
+
+    def mem_demand(self, op: Op, device: Device, threads: int) -> float:
+        return op.bytes_total / self.op_time(op, device, threads) / 1e9
+
+    def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
+        """The wrapped term plus the flat co-run term (no GIL term: it needs the ops' times)."""
+        f = np.asarray(self.base.slowdown(device, demands), dtype=float)  # type: ignore[attr-defined]
+        if device.is_gpu or f.size < 2:
+            return f
+        return f + self.calibration.corun_c0
+
+    def corun_slowdown(self, device: Device, demands: Sequence[float], times: Sequence[float]) -> list[float]:
+        """Slowdown factors (>= 1) of ops co-running on ``device`` given each
+        one's alone bandwidth demand (GB/s) and alone time (seconds)."""
+        f = self.slowdown(device, np.asarray(demands, dtype=float))
+        h = self.calibration.host_s
+        if device.is_gpu or len(times) < 2 or h <= 0:
+            return f.tolist()
+        share = [min(1.0, h / t) if t > 0 else 1.0 for t in times]
+        over = sum(share) - 1.0
+        if over <= 0:
+            return f.tolist()
+        return [x + s * over for x, s in zip(f.tolist(), share, strict=True)]
+
+    def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
+        return self.base.transfer_time(nbytes, src, dst, machine)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        # anything else (levels, source(), matches(), ...) is the wrapped model's
+        if name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)

@@ -53,9 +53,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from opsched.backends.base import Backend
 from opsched.backends.perfmodel import AnalyticModel, TimeTable, default_model
-
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -124,6 +124,10 @@ class SimStatic:
         # AnalyticModel's interference law is inlined in the event loop (same
         # formula, no numpy call per event); any other model is called.
         self.inline_slowdown = type(model).slowdown is AnalyticModel.slowdown
+        # A model that also prices co-running by the ops' alone times (e.g. the
+        # interpreter lock of a real runtime: CalibratedModel) is called with them.
+        corun = getattr(model, "corun_slowdown", None)
+        self.timed_slowdown = corun if callable(corun) else None
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
         self._xfer: dict[tuple[float, int, int], float] = {}
         self._extra_time: dict[tuple[int, int, int], tuple[float, float]] = {}
@@ -163,6 +167,13 @@ class SimStatic:
             return [1.0 + min(max(x / bw, 0.0), 1.0) * over for x in demands]
         f = np.asarray(self.model.slowdown(self.devices[d], np.asarray(demands, dtype=float)), dtype=float)
         return np.maximum(f, 1.0).tolist()  # co-running never speeds an op up
+
+    def slowdown_timed(self, d: int, demands: list[float], times: list[float]) -> list[float]:
+        """Like :meth:`slowdown`, for a model with ``corun_slowdown(device, demands, times)``
+        (``times``: each op's alone seconds)."""
+        if self.timed_slowdown is None:
+            return self.slowdown(d, demands)
+        return [f if f > 1.0 else 1.0 for f in self.timed_slowdown(self.devices[d], demands, times)]
 
 
 _STATIC_CACHE: OrderedDict[tuple[int, int, int], SimStatic] = OrderedDict()
@@ -228,6 +239,7 @@ class SimState:
         self._ver = [0] * n
         self._arrive = [0.0] * n
         self._demand = [0.0] * n
+        self._alone = [0.0] * n
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._running: set[int] = set()
@@ -360,6 +372,7 @@ class SimState:
         if self._noise is not None:
             t_alone *= self._noise[i]
         self._work[i] = t_alone
+        self._alone[i] = t_alone
         self._demand[i] = demand
         self._arrive[i] = arrive
         if arrive > now:
@@ -407,6 +420,9 @@ class SimState:
                 else:  # AnalyticModel.slowdown, inlined: 1 + clip(demand / bw, 0, 1) * (total / bw - 1)
                     over = tot / bw - 1.0
                     rates = [1.0 / (1.0 + (x / bw if x < bw else 1.0) * over) if x > 0 else 1.0 for x in dem]
+            elif s.timed_slowdown is not None:
+                alone = self._alone
+                rates = [1.0 / f for f in s.slowdown_timed(d, [demand[i] for i in ops], [alone[i] for i in ops])]
             else:
                 rates = [1.0 / f for f in s.slowdown(d, [demand[i] for i in ops])]
             for i, r in zip(ops, rates, strict=True):

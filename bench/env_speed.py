@@ -24,8 +24,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from opsched.envs.schedule_env import ScheduleEnv  # noqa: E402
 
+from opsched.envs.schedule_env import ScheduleEnv  # noqa: E402
 from opsched.io import atomic_write_text  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402
 

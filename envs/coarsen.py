@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from opsched.backends.perfmodel import TimeTable
 
+from opsched.backends.perfmodel import TimeTable
 from opsched.errors import GraphError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.plan import Assignment

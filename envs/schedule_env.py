@@ -15,10 +15,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.error import ResetNeeded
+
 from opsched.backends.sim import SimState, cached_fingerprint
 from opsched.envs.features import EpisodeData, Observer, observation_space, prepare_episode
 from opsched.envs.spaces import EDGES_PER_NODE, MAX_DEVICES, MAX_LEVELS, ActionLayout
-
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Machine, get_machine

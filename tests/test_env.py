@@ -13,13 +13,13 @@ import pytest
 from gymnasium.error import ResetNeeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from opsched.backends.sim import SimBackend, lower_bound, sequential_makespan
 from opsched.envs import ENV_ID, REAL_ENV_ID
 from opsched.envs.coarsen import coarsen
 from opsched.envs.features import observe
 from opsched.envs.schedule_env import InvalidActionError, ScheduleEnv
 from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS, ActionLayout
-
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import Device, Machine, get_machine
 from opsched.plan import Plan

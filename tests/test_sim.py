@@ -11,11 +11,11 @@ import math
 
 import numpy as np
 import pytest
+
 from opsched.backends.base import Backend
 from opsched.backends.perfmodel import AnalyticModel, default_model
 from opsched.backends.registry import get_backend
 from opsched.backends.sim import SimBackend, SimState, lower_bound, prepare, sequential_makespan
-
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import Device, Machine, get_machine

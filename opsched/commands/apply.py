@@ -57,13 +57,13 @@ def run_apply(model_spec: str, policy: str | None = None, *, batch: int = 1, wid
     """Everything ``opsched apply`` does, returning the figures (see the module docstring)."""
     import torch
 
-    from opsched.scheduled import cpu_only, outputs_close, resolve_policy
     from opsched.backends.torch_cpu import TorchCPUBackend
     from opsched.importers.torch_fx import from_torch
     from opsched.machine import get_machine
     from opsched.models import load_model
     from opsched.plan import Plan
     from opsched.policies import get_policy
+    from opsched.scheduled import cpu_only, outputs_close, resolve_policy
 
     console = console or Console(stderr=True)
     if batch < 1 or width <= 0 or repeats < 1 or warmup < 0:

@@ -1,0 +1,176 @@
+"""Smoke test of ``bench/sim_to_real.py`` (issue 3, "Sim-to-real") and the runtime
+calibration it fits (``CalibratedModel``): plan generation, the metrics, the
+calibration fit, the report files.  No measurement and no wall-clock figure:
+"measured" makespans here are simulations with a known calibration.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opsched.backends.fitted import CalibratedModel, RuntimeCalibration
+from opsched.backends.perfmodel import AnalyticModel
+from opsched.backends.profiler import ProfileError
+from opsched.backends.sim import SimBackend
+from opsched.graph import Edge, Op, OpGraph
+from opsched.machine import Device, Machine
+from opsched.plan import Assignment, Plan
+from opsched.synthetic import generate
+from opsched.trace import Trace, TraceEvent
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import sim_to_real as S  # noqa: E402
+
+MACHINE = Machine("two-core", (Device("cpu", "cpu", 2, 50.0, 20.0, 8.0),))
+MODEL = AnalyticModel()
+
+
+@pytest.fixture(scope="module")
+def graph() -> OpGraph:
+    return generate("layered", 40, 1)
+
+
+@pytest.fixture(scope="module")
+def plans(graph: OpGraph) -> dict[str, Plan]:
+    return S.make_plans(graph, MACHINE, MODEL, n_plans=22)
+
+
+def test_make_plans_gives_at_least_twenty_distinct_valid_plans(graph, plans) -> None:
+    assert len(plans) >= 22
+    assigns = [p.assignments for p in plans.values()]
+    assert all(a != b for i, a in enumerate(assigns) for b in assigns[i + 1:])
+    for name, p in plans.items():
+        p.validate(graph, MACHINE)
+        assert p.policy == name
+    for name in ("seq-1t", "seq-all", "seq-by-kind", "corun-1t-topo", "corun-1t-cpf", "heft",
+                 "critical-path-first", "mixed-by-size"):
+        assert name in plans
+    assert {a.threads for a in plans["seq-1t"].assignments.values()} == {1}
+    assert {a.threads for a in plans["seq-all"].assignments.values()} == {2}
+
+
+def test_chains_never_co_run_and_executor_plans_do(graph, plans) -> None:
+    sim = SimBackend(MACHINE, MODEL)
+    traces = {name: sim.run(graph, p) for name, p in plans.items()}
+    for name in ("seq-1t", "seq-all", "seq-by-kind", "seq-by-size", "seq-rand-threads-0"):
+        assert S.never_coruns(traces[name]), name
+    assert not S.never_coruns(traces["corun-1t-topo"])
+    # a chain's simulated makespan is the sum of its ops' times
+    table = MODEL.time_table(graph, MACHINE)
+    assert traces["seq-1t"].makespan == pytest.approx(table.on(0, 1).sum())
+
+
+def test_never_coruns_on_hand_made_traces() -> None:
+    def tr(*spans):
+        return Trace(tuple(TraceEvent(f"o{i}", a, b, "cpu", 1) for i, (a, b) in enumerate(spans)))
+
+    assert S.never_coruns(tr((0, 1), (1, 2), (2.5, 3)))
+    assert not S.never_coruns(tr((0, 2), (1, 3)))
+    assert not S.never_coruns(tr((0, 5), (1, 2), (3, 4)))
+
+
+def test_metrics() -> None:
+    assert S.ape([1.1, 0.9], [1.0, 1.0]) == pytest.approx([0.1, 0.1])
+    s = S.scores([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
+    assert s["mdape"] == 0.0 and s["spearman"] == pytest.approx(1.0) and s["within_15"] == 1.0
+    assert S.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(S.spearman([1, 1, 1], [1, 2, 3]))
+    assert S.scores([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])["median_ratio"] == pytest.approx(2.0)
+
+
+def _pair(t_us: float) -> OpGraph:
+    """Two independent ops of ``t_us`` each (analytic model: compute-bound convolutions)."""
+    flops = t_us * 1e-6 * 50e9 * 0.55
+    ops = tuple(Op(f"o{i}", f"o{i}", "conv", flops, 1e3, 1e3, 0.0, (1, 8)) for i in range(2))
+    return OpGraph(ops, (), name=f"pair{t_us}")
+
+
+def test_calibrated_model_adds_overhead_and_serialises_small_ops_on_the_gil() -> None:
+    one_thread = {"o0": Assignment("cpu", 1, 1.0), "o1": Assignment("cpu", 1, 0.0)}
+    cal = RuntimeCalibration(op_overhead_s=2e-6, host_s=20e-6, corun_c0=0.0)
+    model = CalibratedModel(MODEL, cal)
+    cpu = MACHINE.cpu
+    for g in (_pair(5.0), _pair(2000.0)):
+        op = g.ops[0]
+        assert model.op_time(op, cpu, 1) == pytest.approx(MODEL.op_time(op, cpu, 1) + 2e-6)
+        assert model.time_table(g, MACHINE).times[0, 0, 0] == pytest.approx(model.op_time(op, cpu, 1))
+    small, big = _pair(5.0), _pair(2000.0)
+    t_small = model.op_time(small.ops[0], cpu, 1)
+    t_big = model.op_time(big.ops[0], cpu, 1)
+    sim = SimBackend(MACHINE, model)
+    assert t_small < 20e-6 < t_big / 50
+    # two ops whose host time is their whole time take turns: as long as one after the other
+    ms = sim.run(small, Plan.build(small, MACHINE, one_thread)).makespan
+    assert ms == pytest.approx(2 * t_small, rel=1e-6)
+    # long kernels release the GIL: they co-run at full speed (the analytic model sees no contention)
+    ms = sim.run(big, Plan.build(big, MACHINE, one_thread)).makespan
+    assert ms == pytest.approx(t_big, rel=1e-3)
+    # the flat co-run term slows both
+    flat = SimBackend(MACHINE, CalibratedModel(MODEL, RuntimeCalibration(corun_c0=0.25)))
+    assert flat.run(big, Plan.build(big, MACHINE, one_thread)).makespan == pytest.approx(
+        1.25 * MODEL.op_time(big.ops[0], cpu, 1), rel=1e-6)
+
+
+def test_runtime_calibration_round_trips_and_rejects_bad_files(tmp_path) -> None:
+    cal = RuntimeCalibration(3e-6, 4e-6, 0.1, fitted_on=("a", "b"))
+    cal.save(tmp_path / "c.json")
+    assert RuntimeCalibration.load(tmp_path / "c.json") == cal
+    (tmp_path / "bad.json").write_text('{"op_overhead_s": -1}')
+    with pytest.raises(ProfileError, match="op_overhead_s"):
+        RuntimeCalibration.load(tmp_path / "bad.json")
+    with pytest.raises(ProfileError, match="no such"):
+        RuntimeCalibration.load(tmp_path / "missing.json")
+
+
+def _fake_run(name: str, graph: OpGraph, plans: dict[str, Plan], truth: RuntimeCalibration) -> S.ModelRun:
+    """A ModelRun whose 'measurements' are simulations with the ``truth`` calibration."""
+    sim = SimBackend(MACHINE, MODEL)
+    traces = {k: sim.run(graph, p) for k, p in plans.items()}
+    real = S.simulate(graph, MACHINE, CalibratedModel(MODEL, truth), plans)
+    return S.ModelRun(name, graph, plans, {k: t.makespan for k, t in traces.items()},
+                      {k: S.never_coruns(t) for k, t in traces.items()},
+                      {k: [v * f for f in (0.99, 1.0, 1.01)] for k, v in real.items()},
+                      {k: [v] * 3 for k, v in real.items()},
+                      {"others_cores": [0.0, 0.0, 0.0], "rounds": 3, "loadavg_start": [0, 0, 0], "loadavg_end": [0, 0, 0]})
+
+
+def test_calibration_fit_recovers_a_known_runtime_and_is_held_out(graph, plans, tmp_path) -> None:
+    truth = RuntimeCalibration(op_overhead_s=60e-6, host_s=8e-6, corun_c0=0.1)
+    g2 = generate("erdos_renyi", 30, 2)
+    runs = [_fake_run("a", graph, plans, truth), _fake_run("b", g2, S.make_plans(g2, MACHINE, MODEL, 20), truth)]
+    cal = S.fit_calibration(runs, MACHINE, MODEL)
+    assert cal.op_overhead_s == pytest.approx(60e-6, rel=0.05)
+    assert cal.corun_c0 == 0.1  # (the host time is not identifiable on these large ops: any fit within 1%)
+    fit = S.simulate(graph, MACHINE, CalibratedModel(MODEL, cal), plans)
+    assert all(abs(fit[k] / runs[0].measured(k) - 1) < 0.01 for k in plans)
+    assert cal.fitted_on == ("a", "b")
+    res = S.analyse(runs, MACHINE, MODEL)
+    assert res["per_model"]["a"]["calibration"]["fitted_on"] == ["b"]  # each model judged by the other's fit
+    assert res["per_model"]["a"]["calibrated"]["mdape"] < 0.02 < res["per_model"]["a"]["raw"]["mdape"]
+    res.update({"command": "test", "machine": "two-core", "cores": 2, "torch": "-", "elapsed_s": 0.0,
+                "loadavg_start": [0.0] * 3, "loadavg_end": [0.0] * 3, "others_cores_median": 0.0,
+                "rounds": 3, "warmup": 1, "quiet_cores": 0.3, "rounds_used": {"a": "3 of 3", "b": "3 of 3"}})
+    S.write_markdown(res, tmp_path / "r.md")
+    text = (tmp_path / "r.md").read_text()
+    assert "| a | 40 |" in text and "## b" in text and "seq-1t" in text
+    S.plot(res, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_cli_rejects_too_few_plans() -> None:
+    with pytest.raises(SystemExit):
+        S.parse_args(["--plans-per-model", "5"])
+
+
+def test_graph_edges_unused_guard() -> None:
+    # make_plans works on a graph with a single chain (no parallelism): co-run plans equal chains
+    ops = tuple(Op(f"o{i}", f"o{i}", "matmul", 1e6, 1e4, 1e4, 0.0, (1, 16)) for i in range(25))
+    chain = OpGraph(ops, tuple(Edge(f"o{i}", f"o{i + 1}") for i in range(24)), name="chain")
+    ps = S.make_plans(chain, MACHINE, MODEL, n_plans=20)
+    assert len(ps) >= 20
