@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +78,19 @@ def make_storage(storage: str | None, out: str | Path) -> Any:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 60}}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    # Workers started together race to create the schema of a new database; the
+    # loser sees "table ... already exists".  By then the schema is there, so
+    # connecting again succeeds.
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except sqlalchemy.exc.OperationalError as exc:
+            if "already exists" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def open_study(cfg: TuneConfig) -> Any:
