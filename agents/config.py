@@ -39,6 +39,7 @@ HYPERPARAM_TYPES: dict[str, type] = {
     "target_kl": float, "hidden": int, "rounds": int,
     "imitation_rounds": int, "imitation_steps": int, "imitation_lr": float, "imitation_batch": int,
     "imitation_first": int, "imitation_episodes": int, "imitation_keep": float, "imitation_level_weight": float,
+    "imitation_dagger": bool,
 }
 PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range",
             "ent_coef", "vf_coef", "max_grad_norm", "target_kl")
@@ -93,6 +94,9 @@ class TrainConfig:
     init: str | None = None
     out: str = "runs"
     max_nodes: int = 128
+    #: Add each op's predicted speed-up at every CPU thread level to the
+    #: observation (``node_levels``, agents.environments.LevelTimes).
+    level_times: bool = True
     train_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_GRAPHS))
     train_machines: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_MACHINES))
     heldout_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_GRAPHS))
@@ -201,6 +205,15 @@ class TrainConfig:
 def _coerce(key: str, raw: Any, typ: type) -> Any:
     if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null")):
         return None
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"--set {key}={raw!r}: expected true or false")
     try:
         return typ(float(raw)) if typ is int and isinstance(raw, str) and "e" in raw.lower() else typ(raw)
     except (TypeError, ValueError) as exc:

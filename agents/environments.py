@@ -93,21 +93,22 @@ def make_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, mod
 
 
 def _worker_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, model: Any, backend: str,
-                ignore_sigint: bool) -> Monitor:
+                ignore_sigint: bool, level_times: bool) -> Monitor:
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return Monitor(make_env(graphs, machines, max_nodes, model, backend), info_keywords=("makespan",))
+    return Monitor(make_env(graphs, machines, max_nodes, model, backend, level_times), info_keywords=("makespan",))
 
 
 def make_vec_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, n_envs: int,
-                 model: Any = None, backend: str = "sim") -> VecEnv:
+                 model: Any = None, backend: str = "sim", level_times: bool = True) -> VecEnv:
     """``n_envs`` monitored ScheduleEnvs; subprocesses when ``n_envs > 1`` in the simulator.
 
     Workers are forked: they inherit the loaded graphs instead of re-importing
     torch and the graph importers (seconds per worker), and they never touch
     torch themselves (the env is numpy-only in the simulator)."""
     subproc = n_envs > 1 and backend == "sim"
-    fns = [partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc) for _ in range(n_envs)]
+    fns = [partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, level_times)
+           for _ in range(n_envs)]
     if not subproc:
         return DummyVecEnv(fns)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None

@@ -101,7 +101,8 @@ class HeldOutEvaluator:
         self.pairs = build_pairs(config.heldout_graphs, config.heldout_machines, cache_dir)
         baseline_makespans(self.pairs, config.baselines, model)
         self.model = model
-        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model) for p in self.pairs]
+        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model, level_times=config.level_times)
+                     for p in self.pairs]
 
     def evaluate(self, act: Callable[[dict, np.ndarray], int],
                  should_stop: Callable[[], bool] = lambda: False) -> EvalResult | None:
@@ -156,7 +157,7 @@ def policy_actor(policy: Any) -> Callable[[dict, np.ndarray], int]:
 
 def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: Any, max_nodes: int,
                     backend: str = "torch-cpu", baseline: str = "critical-path-first",
-                    repeats: int = 3) -> list[dict[str, Any]]:
+                    repeats: int = 3, level_times: bool = True) -> list[dict[str, Any]]:
     """Measured makespans (median of ``repeats`` after a warm-up) of each policy's
     greedy plan and of ``baseline``'s plan, per graph, on the real backend.
 
@@ -168,7 +169,7 @@ def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: A
     from opsched.backends.registry import get_backend
     from opsched.policies import get_policy
 
-    env = make_env(list(graphs.values()), [machine], max_nodes, backend=backend)
+    env = make_env(list(graphs.values()), [machine], max_nodes, backend=backend, level_times=level_times)
     rows = []
     try:
         for spec, graph in graphs.items():

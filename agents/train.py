@@ -90,6 +90,7 @@ def _inherit_architecture(cfg: TrainConfig, source: Run) -> TrainConfig:
     for key in ("hidden", "rounds"):
         cfg.ppo[key] = source.config.ppo[key]
     cfg.max_nodes = source.config.max_nodes
+    cfg.level_times = source.config.level_times
     cfg.ppo["imitation_rounds"] = 0
     return cfg
 
@@ -125,7 +126,7 @@ def load_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     cfg = run.config
     if env is None:
         env = make_env([load_graph_spec(cfg.heldout_graphs[0], Path(cfg.out) / ".cache" / "graphs")],
-                       [load_machine_spec(cfg.heldout_machines[0])], cfg.max_nodes)
+                       [load_machine_spec(cfg.heldout_machines[0])], cfg.max_nodes, level_times=cfg.level_times)
     model = build_model(cfg, env, seed=None)
     set_weights(model, zip_path, "model")
     return model
@@ -165,7 +166,8 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
         graphs, machines = load_sets(cfg)
         evaluator = HeldOutEvaluator(cfg, cache_dir=Path(cfg.out) / ".cache" / "graphs")
         _write_baselines(run, evaluator)
-        env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
+        env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend,
+                           level_times=cfg.level_times)
         try:
             model = build_model(cfg, env, seed=None if checkpoint is not None else cfg.seed)
             model.set_logger(configure(str(run.tensorboard_dir), ["tensorboard"]))
@@ -211,7 +213,7 @@ def _imitation(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: lis
 
     p = cfg.ppo
     pairs = [(g, m) for g in graphs for m in machines]
-    env = make_env(graphs, machines, cfg.max_nodes, backend="sim")
+    env = make_env(graphs, machines, cfg.max_nodes, backend="sim", level_times=cfg.level_times)
     t0 = time.time()
     best: dict[str, Any] = {}
 
@@ -233,7 +235,7 @@ def _imitation(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: lis
         first_episodes=int(p.get("imitation_first", len(pairs))),
         episodes_per_round=int(p.get("imitation_episodes", len(pairs))), keep=float(p.get("imitation_keep", 1.0)),
         seed=cfg.seed, log=console.print, should_stop=lambda: state.stop_requested, after_round=after_round,
-        level_weight=float(p.get("imitation_level_weight", 0.0)))
+        level_weight=float(p.get("imitation_level_weight", 0.0)), dagger=bool(p.get("imitation_dagger", True)))
     if "weights" in best:
         model.policy.load_state_dict(best["weights"])
     state.run.summary["imitation"] = {"seconds": round(time.time() - t0, 2), "best_round": best.get("round"),
@@ -290,7 +292,8 @@ def _real_report(run: Run, cfg: TrainConfig, model: MaskablePPO, graphs: list, m
     start = build_model(cfg, model.get_env(), seed=None)
     set_weights(start, run.checkpoints()[0].model, "checkpoint")
     rows = real_comparison({"start": start.policy, "final": model.policy},
-                           dict(zip(cfg.train_graphs, graphs)), machines[0], cfg.max_nodes, cfg.backend)
+                           dict(zip(cfg.train_graphs, graphs)), machines[0], cfg.max_nodes, cfg.backend,
+                           level_times=cfg.level_times)
     ratio = float(np.exp(np.mean([np.log(r["final"] / r["start"]) for r in rows])))
     atomic_write_text(run.path / "real_makespans.json", json.dumps(
         {"rows": rows, "gmean_final_over_start": ratio}, indent=2) + "\n")

@@ -79,15 +79,16 @@ def make_storage(storage: str | None, out: str | Path) -> Any:
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 60}}
     # Workers started together race to create the schema of a new database; the
-    # loser sees "table ... already exists".  By then the schema is there, so
-    # connecting again succeeds.
+    # loser sees "table ... already exists" or a UNIQUE violation on the schema
+    # version row.  By then the schema is there, so connecting again succeeds.
     import sqlalchemy.exc
 
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-        except sqlalchemy.exc.OperationalError as exc:
-            if "already exists" not in str(exc) or attempt == 4:
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
+            race = "already exists" in str(exc) or "alembic_version" in str(exc)
+            if not race or attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")

@@ -174,7 +174,29 @@ def test_config_resolution_and_errors(tmp_path):
         TrainConfig(train_machines=["knl-68"]).resolve()
     with pytest.raises(ConfigError, match="not in agents/hyperparams"):
         TrainConfig(hyperparams="nope").resolve()
+    assert TrainConfig(overrides={"imitation_dagger": "false"}).resolve().ppo["imitation_dagger"] is False
+    with pytest.raises(ConfigError, match="true or false"):
+        TrainConfig(overrides={"imitation_dagger": "maybe"}).resolve()
     # round trip through YAML
     p = tmp_path / "c.yaml"
     p.write_text(cfg.to_yaml())
     assert TrainConfig.load(p) == cfg
+
+
+def test_level_times_are_the_models_speedups():
+    """``node_levels`` = log2(t(1) / t(k)) / 7 per op and CPU level, from the performance model."""
+    from opsched.agents.encoder import LEVEL_KEY
+    from opsched.backends.perfmodel import default_model
+
+    g, m = generate("layered", 20, 9), get_machine("knl-68")
+    env = make_env([g], [m], max_nodes=32)
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    table = default_model().time_table(g, m)
+    levels = m.cpu.thread_levels()
+    expected = np.clip(np.log2(table.times[:, 0, :1] / table.times[:, 0, :len(levels)]) / 7, -1, 1)
+    np.testing.assert_allclose(obs[LEVEL_KEY][:20, :len(levels)], expected, rtol=1e-5, atol=1e-6)
+    assert not obs[LEVEL_KEY][20:].any()                       # padding
+    assert obs[LEVEL_KEY][:20, 1:].max() > 0.1                 # real speed-ups, not a constant
+    obs2, *_ = env.step(int(np.flatnonzero(env.action_masks())[0]))
+    np.testing.assert_array_equal(obs2[LEVEL_KEY], obs[LEVEL_KEY])  # static within an episode

@@ -87,7 +87,7 @@ def test_tiny_run_writes_every_file(tmp_path):
 
     model = load_model(run)
     g, m = load_graph_spec("watts_strogatz:20:3"), load_machine_spec("knl-68")
-    _, info = run_episode(make_env([g], [m], 32), policy_actor(model.policy))
+    _, info = run_episode(make_env([g], [m], 32, level_times=r.config.level_times), policy_actor(model.policy))
     info["plan"].validate(g, m)
 
 
