@@ -52,10 +52,7 @@ import torch as th
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS, OBS_KEYS
-
-#: The optional per-level time curve (``opsched.agents.environments.LevelTimes``).
-LEVEL_KEY = "node_levels"
+from opsched.envs.spaces import LEVEL_KEY, MAX_DEVICES, MAX_LEVELS, OBS_KEYS
 
 
 def _edge_pairs(edge_index, n_edges: int):

@@ -21,22 +21,8 @@ from gymnasium import spaces
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-from opsched.agents.encoder import LEVEL_KEY
-
-
-def level_features(times: np.ndarray, levels: Sequence[int], max_nodes: int, max_levels: int) -> np.ndarray:
-    """(max_nodes, max_levels) float32: ``log2(t(1) / t(k_l)) / 7`` per op and CPU
-    thread level ``k_l`` (the op's speed-up there, log scale, clipped to [-1, 1]);
-    0 for padding and for levels the device lacks.
-
-    ``times`` is (n_ops, n_levels): the performance model's time of each
-    scheduled op (group) on the CPU at each of its ``levels``."""
-    out = np.zeros((max_nodes, max_levels), np.float32)
-    n, nl = times.shape[0], min(len(levels), max_levels)
-    if n:
-        t1 = np.maximum(times[:, :1], 1e-30)
-        out[:n, :nl] = np.clip(np.log2(t1 / np.maximum(times[:, :nl], 1e-30)) / 7.0, -1.0, 1.0)
-    return out
+from opsched.envs.features import episode_level_features
+from opsched.envs.spaces import LEVEL_KEY, MAX_LEVELS
 
 
 class LevelTimes(gym.ObservationWrapper):
@@ -50,28 +36,22 @@ class LevelTimes(gym.ObservationWrapper):
     function of the observation.  The values come from the episode's
     simulator tables (the env's own time table of the scheduled, possibly
     coarsened, graph), so an exported scheduler computes them from the same
-    performance model; see :func:`level_features`."""
+    performance model; see :func:`opsched.envs.features.level_features`."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        from opsched.envs.spaces import MAX_LEVELS
-
-        self.max_levels = MAX_LEVELS
         n = env.observation_space["node_mask"].shape[0]
         self.observation_space = spaces.Dict({
             **env.observation_space.spaces,
             LEVEL_KEY: spaces.Box(-1.0, 1.0, (n, MAX_LEVELS), np.float32),
         })
         self._episode: Any = None
-        self._levels: np.ndarray | None = None
+        self._levels = np.zeros((n, MAX_LEVELS), np.float32)
 
     def observation(self, obs: dict) -> dict:
-        data = self.env.unwrapped._data  # the episode's EpisodeData (graph, machine, simulator tables)
+        data = self.env.unwrapped.episode_data  # the episode's graph, machine and simulator tables
         if data is not self._episode:
-            cpu = data.machine.device_index["cpu"]
-            table = data.static.table
-            self._levels = level_features(table.times[:, cpu, :len(table.levels[cpu])], table.levels[cpu],
-                                          obs["node_mask"].shape[0], self.max_levels)
+            self._levels = episode_level_features(data)
             self._episode = data
         return {**obs, LEVEL_KEY: self._levels.copy()}
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.envs.spaces import LEVEL_KEY, MAX_LEVELS
 from opsched.errors import PolicyError
 
 #: What ``export_run`` exports unless told otherwise: the best held-out model.
@@ -45,11 +46,12 @@ def export_policy(policy: Any, out_dir: str | Path, *, machines: list[str] | Non
     if encoder is None or not hasattr(encoder, "rounds"):
         raise PolicyError(f"export: {type(policy).__name__} has no graph encoder (expected opsched's GraphPolicy)")
     arrays = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in encoder.state_dict().items()}
+    levels = MAX_LEVELS if LEVEL_KEY in encoder.node_keys else 0
     if gpus is None:
         gpus = _any_gpu(machines) if machines else True  # unknown machines: do not refuse GPUs
     out = write_policy(out_dir, arrays, hidden=int(encoder.hidden), rounds=int(encoder.rounds),
                        max_nodes=int(encoder.n_nodes), max_edges=int(encoder.n_edges), machines=machines,
-                       gpus=gpus, max_graph_ops=max_graph_ops, source=source)
+                       gpus=gpus, max_graph_ops=max_graph_ops, source=source, levels=levels)
     if verify:
         verify_export(pol, out)
     return out
@@ -97,6 +99,7 @@ def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
     a CPU one) with the torch policy's; raise PolicyError on a mismatch."""
     import torch as th
 
+    from opsched.agents.environments import LevelTimes
     from opsched.envs.schedule_env import ScheduleEnv
     from opsched.policies.exported import load
     from opsched.synthetic import generate
@@ -105,6 +108,8 @@ def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
     encoder = getattr(policy, "encoder", None) or policy.features_extractor
     env = ScheduleEnv(graphs=[generate("layered", 24, 7)], machine=["dgx1-4v100", "xeon-8180-2s"],
                       max_nodes=exported.max_nodes, max_edges=exported.max_edges)
+    if exported.encoder.levels:
+        env = LevelTimes(env)
     rng = np.random.default_rng(0)
     worst = 0.0
     for k in range(n_states):
@@ -166,11 +171,13 @@ def _model_record(run: Any, zip_path: Path) -> tuple[int | None, dict[str, float
 
 def _spaces_env(cfg: Any) -> Any:
     """A cheap env with the run's observation and action spaces (they depend
-    only on ``max_nodes``), so loading a model needs no zoo import."""
-    from opsched.envs.schedule_env import ScheduleEnv
+    only on ``max_nodes`` and ``level_times``), so loading a model needs no zoo import."""
+    from opsched.agents.environments import make_env
+    from opsched.machine import get_machine
     from opsched.synthetic import generate
 
-    return ScheduleEnv(graphs=[generate("layered", 8, 0)], machine="xeon-8180-2s", max_nodes=int(cfg.max_nodes))
+    return make_env([generate("layered", 8, 0)], [get_machine("xeon-8180-2s")], int(cfg.max_nodes),
+                    level_times=bool(cfg.level_times))
 
 
 def _any_gpu(specs: list[str]) -> bool:
@@ -195,11 +202,10 @@ def _version() -> str:
 
 
 # --------------------------------------------------------------- pretrained
-#: The shipped policy's training run: the default configuration (training and
-#: held-out sets, PPO hyperparameters, imitation warm start from
-#: critical-path-first and HEFT), only shorter.
-PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "timesteps": 8192, "n_envs": 2, "seed": 0,
-                                       "hyperparams": "default", "eval_freq": 2048, "checkpoint_freq": 2048}
+#: The shipped policy's training run: the default ``opsched train-policy``
+#: configuration (training and held-out sets, PPO hyperparameters, imitation
+#: warm start from critical-path-first and HEFT) with seed 0.
+PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "n_envs": 2, "seed": 0, "hyperparams": "default"}
 
 
 def pretrained_dir() -> Path:
@@ -214,7 +220,7 @@ def make_pretrained(out: str | Path | None = None, runs: str | Path = "runs", **
     ``<runs>/pretrained_<N>`` and export its best model to ``out`` (default
     :func:`pretrained_dir`).  The documented command::
 
-        python -m opsched.agents.export pretrained          # ~10 min on 2 cores
+        python -m opsched.agents.export pretrained          # ~9 min on 2 cores
     """
     from opsched.agents.config import TrainConfig
     from opsched.agents.train import train

@@ -200,6 +200,11 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
     atomic_write_text(run.path / "summary.json", json.dumps(
         {"num_timesteps": run.num_timesteps, "best_score": run.best_score, "best_key": BEST_KEY,
          "interrupted": run.interrupted, **run.summary}, indent=2, default=float) + "\n")
+    if not run.interrupted and not state.pruned:
+        # The run's deliverable: RUN/policy/, planned with numpy only (issue 7).
+        from opsched.agents.export import export_run
+
+        export_run(run.path)
     return run
 
 

@@ -139,6 +139,33 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
     )
 
 
+def level_features(times: np.ndarray, levels: Any, max_nodes: int, max_levels: int = MAX_LEVELS) -> np.ndarray:
+    """(max_nodes, max_levels) float32: ``log2(t(1) / t(k_l)) / 7`` per op and CPU
+    thread level ``k_l`` (the op's speed-up there, log scale, clipped to [-1, 1]);
+    0 for padding and for levels the device lacks.
+
+    ``times`` is (n_ops, n_levels): the performance model's time of each
+    scheduled op (group) on the CPU at each of its ``levels``.  Why: the best
+    thread count is where an op's time curve bottoms out, and the static
+    features give only two points of that curve (1 thread and all cores)."""
+    out = np.zeros((max_nodes, max_levels), np.float32)
+    n, nl = times.shape[0], min(len(levels), max_levels)
+    if n:
+        t1 = np.maximum(times[:, :1], 1e-30)
+        out[:n, :nl] = np.clip(np.log2(t1 / np.maximum(times[:, :nl], 1e-30)) / 7.0, -1.0, 1.0)
+    return out
+
+
+def episode_level_features(data: EpisodeData) -> np.ndarray:
+    """:func:`level_features` of an episode's scheduled (possibly coarsened)
+    graph, from its simulator tables: the ``node_levels`` observation, static
+    within the episode (:data:`opsched.envs.spaces.LEVEL_KEY`)."""
+    cpu = data.machine.device_index["cpu"]
+    table = data.static.table
+    levels = table.levels[cpu]
+    return level_features(table.times[:, cpu, :len(levels)], levels, data.max_nodes)
+
+
 def node_static_features(graph: OpGraph, static: SimStatic, machine: Machine, reference: float) -> np.ndarray:
     """(n, len(STATIC_FEATURES)) float32; see :data:`opsched.envs.spaces.STATIC_FEATURES`."""
     n = len(graph.ops)

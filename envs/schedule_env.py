@@ -317,6 +317,14 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
                 "n_slots_used": data.n, "coarsened": not data.coarsening.identity, "reference": self._reference}
         return self._obs.observe(), info
 
+    @property
+    def episode_data(self) -> EpisodeData:
+        """The current episode's static data (graph, machine, simulator tables,
+        padded features): what observation wrappers derive extra features from."""
+        if self._data is None:
+            raise RuntimeError("ScheduleEnv: call reset() before reading episode_data")
+        return self._data
+
     def action_masks(self) -> np.ndarray:
         """Boolean mask over the flat action space: True = valid now (sb3-contrib's MaskablePPO reads it)."""
         if self._state is None or self._terminated:

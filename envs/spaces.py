@@ -35,6 +35,13 @@ MAX_LEVELS = 8
 OBS_KEYS: tuple[str, ...] = (
     "node_static", "node_dynamic", "node_mask", "edge_index", "edge_mask", "hardware", "globals",
 )
+#: The optional per-op time curve over the CPU's thread levels (N, MAX_LEVELS)
+#: float32 in [-1, 1]: ``log2(t(1) / t(k_l)) / 7`` per op and CPU thread level
+#: ``k_l`` (0 for padding and absent levels); see
+#: :func:`opsched.envs.features.level_features`.  Training adds it by default
+#: (``agents.environments.LevelTimes``); an exported policy records whether it
+#: reads it and the numpy scheduler computes it the same way.
+LEVEL_KEY = "node_levels"
 #: Default padding: edges per node slot when ``max_edges`` is not given.
 EDGES_PER_NODE = 4
 

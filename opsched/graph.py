@@ -22,7 +22,7 @@ import heapq
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Union
@@ -83,6 +83,8 @@ class Op:
         """FLOPs per byte moved: high for conv/matmul (compute-bound), low for elementwise."""
         return self.flops / max(self.bytes_total, 1.0)
 
+#: Op's field names in declaration order (what to_dict writes; a shallow copy: all are scalars but ``shape``).
+_OP_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Op))
 
 @dataclass(frozen=True)
 class Edge:
@@ -362,7 +364,7 @@ class OpGraph:
             "version": GRAPH_FORMAT_VERSION,
             "name": self.name,
             "meta": dict(self.meta),
-            "ops": [{**asdict(op), "shape": list(op.shape)} for op in self.ops],
+            "ops": [{**{f: getattr(op, f) for f in _OP_FIELDS}, "shape": list(op.shape)} for op in self.ops],
             "edges": [[e.src, e.dst, e.bytes] for e in self.edges],
         }
 

@@ -7,7 +7,8 @@ from it.  So ``opsched export`` (:mod:`opsched.agents.export`) writes::
 
     policy/
         policy.json   format + version, architecture, observation layout (feature
-                      names, normalisation), action decoding, thread levels,
+                      names, normalisation, whether it reads node_levels),
+                      action decoding, thread levels,
                       max nodes/edges, machines trained on, source run, and for
                       every array its shape and sha256
         weights.npz   the graph encoder's weights (float32, torch parameter names)
@@ -50,6 +51,7 @@ from opsched.envs.spaces import (
     EDGES_PER_NODE,
     GLOBAL_FEATURES,
     HARDWARE_FEATURES,
+    LEVEL_KEY,
     MAX_DEVICES,
     MAX_LEVELS,
     STATIC_FEATURES,
@@ -82,14 +84,23 @@ NORMALIZATION_DOC = ("every column lies in [0, 1], computed by opsched.envs.feat
                      "and ops; padding slots and absent devices are 0")
 
 
-def observation_spec(max_nodes: int, max_edges: int) -> dict[str, Any]:
-    """The observation layout a policy was trained on (checked at load time)."""
+LEVELS_DOC = (f"{LEVEL_KEY}: per op and CPU thread level k, log2(t(1) / t(k)) / 7 clipped to [-1, 1] from the "
+              "performance model (opsched.envs.features.level_features); 0 for padding and absent levels; "
+              "its columns follow node_static and node_dynamic in the input layer")
+
+
+def observation_spec(max_nodes: int, max_edges: int, levels: int = 0) -> dict[str, Any]:
+    """The observation layout a policy was trained on (checked at load time).
+
+    ``levels``: columns of ``node_levels`` the policy reads (0: none; older
+    exports lack the entry and read none)."""
     return {
-        "max_nodes": int(max_nodes), "max_edges": int(max_edges),
+        "max_nodes": int(max_nodes), "max_edges": int(max_edges), LEVEL_KEY: int(levels),
         "max_devices": MAX_DEVICES, "max_levels": MAX_LEVELS,
         "static_features": list(STATIC_FEATURES), "dynamic_features": list(DYNAMIC_FEATURES),
         "hardware_features": list(HARDWARE_FEATURES), "global_features": list(GLOBAL_FEATURES),
         "normalization": NORMALIZATION_DOC,
+        **({"levels": LEVELS_DOC} if levels else {}),
     }
 
 
@@ -115,7 +126,7 @@ def array_digest(a: np.ndarray) -> str:
 def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidden: int, rounds: int,
                  max_nodes: int, max_edges: int | None = None, machines: list[str] | None = None,
                  gpus: bool = True, max_graph_ops: int | None = None,
-                 source: Mapping[str, Any] | None = None) -> Path:
+                 source: Mapping[str, Any] | None = None, levels: int | None = None) -> Path:
     """Write ``out_dir/weights.npz`` and ``out_dir/policy.json`` (atomically,
     the JSON last: it names the arrays' hashes, so a crash in between leaves a
     folder that :func:`load` rejects, never a silently mixed one).
@@ -123,10 +134,17 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
     ``arrays``: the GraphEncoder's ``state_dict`` as numpy (torch layout and
     names; see :func:`~opsched.policies.numpy_encoder.array_shapes`).
     ``gpus``: whether the policy was trained on machines with GPUs (if not, it
-    refuses to place ops on one).  Returns ``out_dir``."""
+    refuses to place ops on one).  ``levels``: the ``node_levels`` columns
+    the encoder reads (0 or ``MAX_LEVELS``; default: what the input layer's
+    width says).  Returns ``out_dir``."""
     out = Path(out_dir)
     max_edges = EDGES_PER_NODE * int(max_nodes) if max_edges is None else int(max_edges)
-    expected = array_shapes(hidden, rounds)
+    if levels is None and "inp.weight" in arrays:
+        levels = int(np.shape(arrays["inp.weight"])[1]) - len(STATIC_FEATURES) - len(DYNAMIC_FEATURES)
+    levels = int(levels or 0)
+    if levels not in (0, MAX_LEVELS):
+        raise PolicyError(f"{out}: levels must be 0 or {MAX_LEVELS} (the node_levels columns), not {levels}")
+    expected = array_shapes(hidden, rounds, levels)
     arrs = {k: np.ascontiguousarray(np.asarray(arrays[k], np.float32)) for k in expected if k in arrays}
     missing = sorted(set(expected) - set(arrs))
     extra = sorted(set(arrays) - set(expected))
@@ -147,7 +165,7 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
         "format_version": FORMAT_VERSION,
         "kind": "graph-encoder",
         "architecture": {"hidden": int(hidden), "rounds": int(rounds)},
-        "observation": observation_spec(max_nodes, max_edges),
+        "observation": observation_spec(max_nodes, max_edges, levels),
         "action": action_spec(max_nodes),
         "thread_levels": THREAD_LEVELS_DOC,
         "machines": {"trained_on": list(machines or []), "gpus": bool(gpus),
@@ -185,7 +203,7 @@ def load(path: str | Path) -> ExportedPolicy:
     arrays = _read_arrays(weights, meta["arrays"])
     arch = meta["architecture"]
     try:
-        encoder = NumpyEncoder(arrays, arch["hidden"], arch["rounds"])
+        encoder = NumpyEncoder(arrays, arch["hidden"], arch["rounds"], meta["observation"].get(LEVEL_KEY, 0))
     except ValueError as exc:  # cannot happen after the checks above; kept as a clear error
         raise PolicyError(f"{weights}: {exc}") from None
     return ExportedPolicy(meta_file.parent, meta, encoder)
@@ -226,6 +244,9 @@ def _read_meta(f: Path) -> dict[str, Any]:
     if not (ok_ints and ok_types):
         raise _fail(f, "malformed policy description: architecture, observation sizes, arrays or machines "
                        "have the wrong types")
+    levels = obs.get(LEVEL_KEY, 0)
+    if levels not in (0, MAX_LEVELS) or type(levels) is not int:
+        raise _fail(f, f"{LEVEL_KEY} must be 0 or {MAX_LEVELS} (the columns the policy reads), not {levels!r}")
     if not (1 <= hidden <= _MAX_HIDDEN and 0 <= rounds <= _MAX_ROUNDS and 1 <= obs["max_nodes"] <= _MAX_NODES
             and 1 <= obs["max_edges"] <= EDGES_PER_NODE * _MAX_NODES and machines["max_graph_ops"] >= 1):
         raise _fail(f, f"architecture or sizes out of range (hidden={hidden}, rounds={rounds}, "
@@ -238,7 +259,7 @@ def _read_meta(f: Path) -> dict[str, Any]:
         if obs.get(key) != mine[key]:
             raise _fail(f, f"made for another observation layout: its {key} are {obs.get(key)!r}, this opsched's "
                            f"environment has {mine[key]!r}; retrain or use a matching opsched")
-    expected = {k: list(v) for k, v in array_shapes(hidden, rounds).items()}
+    expected = {k: list(v) for k, v in array_shapes(hidden, rounds, levels).items()}
     if shapes != expected:
         diff = sorted(set(shapes) ^ set(expected)) or sorted(k for k in shapes if shapes[k] != expected[k])
         raise _fail(f, f"declared array shapes do not fit a graph encoder with hidden={hidden}, rounds={rounds} "
@@ -396,7 +417,8 @@ class _Episode:
         self.st = SimState(data.static)
         self.obs = features.Observer(data, self.st)
         self.st.newly_ready.clear()
-        self.enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask)
+        levels = features.episode_level_features(data) if policy.encoder.levels else None
+        self.enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask, levels)
         self.order: list[int] = []
         self.after: list[int | None] = [None] * data.n
         self.last_completed: int | None = None

@@ -32,6 +32,7 @@ from opsched.envs.spaces import (
     DYNAMIC_FEATURES,
     GLOBAL_FEATURES,
     HARDWARE_FEATURES,
+    LEVEL_KEY,
     MAX_DEVICES,
     MAX_LEVELS,
     STATIC_FEATURES,
@@ -43,10 +44,14 @@ F_HW, F_GLOB = len(HARDWARE_FEATURES), len(GLOBAL_FEATURES)
 PER_SLOT = MAX_DEVICES * MAX_LEVELS
 
 
-def array_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
-    """The parameter names and shapes of a GraphEncoder of this size (torch layout)."""
+def array_shapes(hidden: int, rounds: int, levels: int = 0) -> dict[str, tuple[int, ...]]:
+    """The parameter names and shapes of a GraphEncoder of this size (torch layout).
+
+    ``levels``: columns of the ``node_levels`` observation the encoder reads
+    (``MAX_LEVELS``), or 0 for an encoder trained without it; they follow the
+    static and dynamic columns in its input layer."""
     H = int(hidden)
-    shapes: dict[str, tuple[int, ...]] = {"inp.weight": (H, F_STATIC + F_DYNAMIC), "inp.bias": (H,)}
+    shapes: dict[str, tuple[int, ...]] = {"inp.weight": (H, F_STATIC + F_DYNAMIC + int(levels)), "inp.bias": (H,)}
     for r in range(int(rounds)):
         shapes[f"self_lin.{r}.weight"] = (H, H)
         shapes[f"self_lin.{r}.bias"] = (H,)
@@ -67,8 +72,8 @@ def array_shapes(hidden: int, rounds: int) -> dict[str, tuple[int, ...]]:
 class NumpyEncoder:
     """The encoder's weights, transposed once for ``x @ W`` products."""
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], hidden: int, rounds: int) -> None:
-        expected = array_shapes(hidden, rounds)
+    def __init__(self, arrays: Mapping[str, np.ndarray], hidden: int, rounds: int, levels: int = 0) -> None:
+        expected = array_shapes(hidden, rounds, levels)
         missing = sorted(set(expected) - set(arrays))
         if missing:
             raise ValueError(f"missing arrays {missing}")
@@ -83,9 +88,11 @@ class NumpyEncoder:
         def b(name: str) -> np.ndarray:
             return np.asarray(arrays[name], f32).copy()
 
-        self.hidden, self.rounds = int(hidden), int(rounds)
+        self.hidden, self.rounds, self.levels = int(hidden), int(rounds), int(levels)
         w_in = w("inp.weight")
-        self.w_in_static, self.w_in_dynamic, self.b_in = w_in[:F_STATIC], w_in[F_STATIC:], b("inp.bias")
+        f_sd = F_STATIC + F_DYNAMIC
+        self.w_in_static, self.w_in_dynamic, self.b_in = w_in[:F_STATIC], w_in[F_STATIC:f_sd], b("inp.bias")
+        self.w_in_levels = w_in[f_sd:]  # (levels, H); empty without node_levels
         # One (3H, H) matrix per round: [h | mean over preds | mean over succs] @ it.
         self.w_round = [np.ascontiguousarray(np.concatenate(
             [w(f"self_lin.{r}.weight"), w(f"fwd_lin.{r}.weight"), w(f"bwd_lin.{r}.weight")]))
@@ -107,7 +114,8 @@ class NumpyEncoder:
         node_mask = np.asarray(obs["node_mask"], np.float32)
         N = node_mask.shape[0]
         x_static = np.asarray(obs["node_static"], np.float32)
-        ep = self.episode(x_static, obs["edge_index"], obs["edge_mask"], node_mask)
+        ep = self.episode(x_static, obs["edge_index"], obs["edge_mask"], node_mask,
+                          obs[LEVEL_KEY] if self.levels else None)
         h = ep.embed(np.asarray(obs["node_dynamic"], np.float32)[: ep.n])
         c = ep.context(h, np.asarray(obs["hardware"], np.float32), np.asarray(obs["globals"], np.float32))
         # Padding slots score as an op with a zero embedding, as in the torch module.
@@ -120,9 +128,10 @@ class NumpyEncoder:
         return logits, value
 
     def episode(self, node_static: np.ndarray, edge_index: np.ndarray, edge_mask: np.ndarray,
-                node_mask: np.ndarray) -> EncoderEpisode:
-        """Precompute the static part of one episode (see :class:`EncoderEpisode`)."""
-        return EncoderEpisode(self, node_static, edge_index, edge_mask, node_mask)
+                node_mask: np.ndarray, node_levels: np.ndarray | None = None) -> EncoderEpisode:
+        """Precompute the static part of one episode (see :class:`EncoderEpisode`);
+        ``node_levels`` is required by an encoder that reads it."""
+        return EncoderEpisode(self, node_static, edge_index, edge_mask, node_mask, node_levels)
 
 
 class EncoderEpisode:
@@ -152,7 +161,7 @@ class EncoderEpisode:
     REFRESH = 32
 
     def __init__(self, enc: NumpyEncoder, node_static: np.ndarray, edge_index: np.ndarray,
-                 edge_mask: np.ndarray, node_mask: np.ndarray) -> None:
+                 edge_mask: np.ndarray, node_mask: np.ndarray, node_levels: np.ndarray | None = None) -> None:
         self.enc = enc
         node_mask = np.asarray(node_mask, np.float32)
         n = int(np.count_nonzero(node_mask))
@@ -162,6 +171,10 @@ class EncoderEpisode:
         N = node_mask.shape[0]
         x_static = np.asarray(node_static, np.float32)[:n]
         self.pre = x_static @ enc.w_in_static + enc.b_in  # (n, H): static share of the input layer
+        if enc.levels:  # node_levels is static within an episode too
+            if node_levels is None:
+                raise ValueError(f"this encoder reads {LEVEL_KEY} ({enc.levels} columns); none given")
+            self.pre += np.asarray(node_levels, np.float32)[:n, : enc.levels] @ enc.w_in_levels
         e = np.asarray(edge_mask, np.float32)
         idx = np.clip(np.asarray(edge_index, np.int64), 0, N - 1)
         keep = np.flatnonzero(e)

@@ -26,11 +26,13 @@ import torch as th  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 
 from opsched.agents.config import TrainConfig  # noqa: E402
+from opsched.agents.environments import LevelTimes  # noqa: E402
 from opsched.agents.export import export_policy, export_run  # noqa: E402
 from opsched.agents.policy import action_logits  # noqa: E402
 from opsched.agents.train import build_model  # noqa: E402
 from opsched.backends.sim import SimBackend  # noqa: E402
 from opsched.envs.schedule_env import ScheduleEnv  # noqa: E402
+from opsched.envs.spaces import LEVEL_KEY  # noqa: E402
 from opsched.errors import PolicyError  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402
 from opsched.policies import load  # noqa: E402
@@ -42,9 +44,17 @@ MAX_NODES = 32
 MACHINES = ("xeon-8180-2s", "dgx1-4v100", "knl-68", "2x2080ti")
 
 
-def _env(graphs=None, machines=MACHINES):
+def _env(graphs=None, machines=MACHINES, level_times=True):
+    """The training env: with ``node_levels`` (the default of train-policy) unless told otherwise."""
     graphs = graphs or [generate("layered", 24, 1), generate("erdos_renyi", 30, 2), generate("watts_strogatz", 60, 3)]
-    return ScheduleEnv(graphs=graphs, machine=list(machines), max_nodes=MAX_NODES)
+    env = ScheduleEnv(graphs=graphs, machine=list(machines), max_nodes=MAX_NODES)
+    return LevelTimes(env) if level_times else env
+
+
+def _episode(pol, obs):
+    """The numpy encoder bound to the episode of ``obs`` (its static keys)."""
+    levels = obs[LEVEL_KEY] if pol.encoder.levels else None
+    return pol.encoder.episode(obs["node_static"], obs["edge_index"], obs["edge_mask"], obs["node_mask"], levels)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +93,7 @@ def test_folder_layout_and_metadata(folder):
     assert meta["architecture"] == {"hidden": 16, "rounds": 2}
     assert meta["observation"]["max_nodes"] == MAX_NODES and meta["observation"]["max_edges"] == 4 * MAX_NODES
     assert meta["action"]["n"] == MAX_NODES * 64 + 1 and meta["machines"]["gpus"] is True
+    assert meta["observation"][LEVEL_KEY] == 8 and meta["arrays"]["shapes"]["inp.weight"][1] == 20 + 7 + 8
     with np.load(folder / "weights.npz", allow_pickle=False) as npz:
         assert sorted(npz.files) == sorted(meta["arrays"]["shapes"])
         assert all(list(npz[k].shape) == s for k, s in meta["arrays"]["shapes"].items())
@@ -106,8 +117,8 @@ def test_faithful_on_1000_states(model, folder):
     for obs, mask in _random_states(env, 1000, seed=1):
         torch_action, _ = model.predict(obs, action_masks=mask, deterministic=True)
         valid = np.flatnonzero(mask)
-        ep = pol.encoder.episode(obs["node_static"], obs["edge_index"], obs["edge_mask"], obs["node_mask"])
-        scores = ep.scores(obs["node_dynamic"], obs["hardware"], obs["globals"], valid, env.layout.wait)
+        ep = _episode(pol, obs)
+        scores = ep.scores(obs["node_dynamic"], obs["hardware"], obs["globals"], valid, env.unwrapped.layout.wait)
         mine = int(valid[greedy(scores)])
         if mine == int(torch_action):
             same += 1
@@ -146,16 +157,15 @@ def test_incremental_embeddings_equal_a_full_pass(folder):
     they stay within float32 rounding of a fresh full pass."""
     pol = load(folder)
     env = _env([generate("erdos_renyi", 90, 5), generate("layered", 30, 6)], ["dgx1-4v100", "knl-68"])
-    keys = ("node_static", "edge_index", "edge_mask", "node_mask")
     rng = np.random.default_rng(2)
     worst, steps = 0.0, 0
     for episode in range(3):
         obs, _ = env.reset(seed=episode)
-        ep = pol.encoder.episode(*(obs[k] for k in keys))
+        ep = _episode(pol, obs)
         done = False
         while not done:
             dyn = obs["node_dynamic"][: ep.n]
-            fresh = pol.encoder.episode(*(obs[k] for k in keys)).embed(dyn)
+            fresh = _episode(pol, obs).embed(dyn)
             worst = max(worst, float(np.abs(ep.embed(dyn) - fresh).max()))
             obs, _, done, _, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
             steps += 1
@@ -197,6 +207,24 @@ def test_plans_without_torch_sb3_or_gymnasium(folder, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "planned 80 ops; loaded: []" in out.stdout
+
+
+def test_a_policy_without_node_levels_still_exports_and_plans(tmp_path):
+    """Runs trained with ``level_times: false`` (and exports from before node_levels) read no levels."""
+    th.set_num_threads(1)
+    cfg = TrainConfig(hyperparams="tiny", overrides={"hidden": 8, "rounds": 1}).resolve()
+    plain = build_model(cfg, DummyVecEnv([lambda: _env(level_times=False)]), seed=1)
+    folder = export_policy(plain, tmp_path / "plain", machines=list(MACHINES))  # verifies the logits too
+    meta = json.loads((folder / "policy.json").read_text())
+    assert meta["observation"][LEVEL_KEY] == 0 and meta["arrays"]["shapes"]["inp.weight"] == [8, 27]
+    del meta["observation"][LEVEL_KEY]  # an export from before node_levels
+    (folder / "policy.json").write_text(json.dumps(meta))
+    pol = load(folder)
+    assert pol.encoder.levels == 0
+    g, m = generate("layered", 40, 3), get_machine("knl-68")
+    pol.plan(g, m).validate(g, m)
+    obs, _ = _env(level_times=False).reset(seed=0)
+    np.testing.assert_allclose(pol.encoder.forward(obs)[0], action_logits(plain.policy, obs), rtol=1e-5, atol=1e-5)
 
 
 def test_export_run_from_a_run_folder(model, tmp_path):

@@ -54,6 +54,9 @@ def test_tiny_run_writes_every_file(tmp_path):
     versions = json.loads((run / "versions.json").read_text())
     assert versions["packages"]["sb3-contrib"] and versions["python"]
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    from opsched.policies import load
+
+    assert load(run / "policy").name  # exported at the end of training, loadable with numpy only
 
     from opsched.agents import Run, load_model
 

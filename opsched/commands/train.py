@@ -84,3 +84,6 @@ def print_result(run, console: Console) -> None:
     console.print(table)
     if run.best_score is not None:
         console.print(f"best model: {run.best_model} (geo-mean ratio vs the best baseline {run.best_score:.3f})")
+    if (run.path / "policy" / "policy.json").is_file():
+        console.print(f"exported scheduler: {run.path / 'policy'}  (use it: opsched apply --policy {run.path / 'policy'} "
+                      "--model zoo:nasnet)")
