@@ -43,29 +43,9 @@ def _machine(cores: int, name: str | None = None) -> Machine:
 
 def _torch_graph() -> OpGraph:
     import torch
-    from torch import nn
+    from _nets import Branchy
 
     from opsched.importers.torch_fx import from_torch
-
-    class Branchy(nn.Module):
-        """Three parallel branches of different cost joined twice: room to co-run."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.stem = nn.Conv2d(3, 8, 3, padding=1)
-            self.a = nn.Conv2d(8, 8, 3, padding=1)
-            self.b = nn.Conv2d(8, 8, 1)
-            self.c = nn.Linear(16, 16)
-            self.head = nn.Linear(16 * 16, 10)
-
-        def forward(self, x):
-            s = torch.relu(self.stem(x))
-            a = torch.relu(self.a(s))
-            b = torch.sigmoid(self.b(s))
-            c = torch.tanh(self.c(s))
-            y = a + b * c
-            z = torch.cat([y, s], dim=1).mean(dim=1)
-            return self.head(z.flatten(1)), y.sum()
 
     torch.manual_seed(0)
     return from_torch(Branchy().eval(), (torch.randn(2, 3, 16, 16),), name="branchy")

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _nets import Branchy
 from torch import nn
 
 from opsched.backends.gpu_profiler import GPU_TIMER, GPUProfileModel, gpu_cache_path, profile_gpu
@@ -116,27 +117,6 @@ def check_trace(trace: Trace, graph: OpGraph, plan: Plan, machine: Machine, tol:
         for x, y in zip(evs, evs[1:]):
             assert y.start >= x.end - 1e-9, f"ops {x.op} and {y.op} overlap on {dev} lane {core}"
     assert trace.makespan > 0
-
-
-class Branchy(nn.Module):
-    """Parallel branches of different cost joined twice, two outputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.a = nn.Conv2d(8, 8, 3, padding=1)
-        self.b = nn.Conv2d(8, 8, 1)
-        self.c = nn.Linear(16, 16)
-        self.head = nn.Linear(16 * 16, 10)
-
-    def forward(self, x):
-        s = torch.relu(self.stem(x))
-        a = torch.relu(self.a(s))
-        b = torch.sigmoid(self.b(s))
-        c = torch.tanh(self.c(s))
-        y = a + b * c
-        z = torch.cat([y, s], dim=1).mean(dim=1)
-        return self.head(z.flatten(1)), y.sum()
 
 
 class InPlace(nn.Module):
