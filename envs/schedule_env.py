@@ -16,13 +16,14 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 
-from opsched.backends.sim import SimState, cached_fingerprint
-from opsched.envs.features import EpisodeData, Observer, observation_space, prepare_episode
+from opsched.backends.sim import SimState
+from opsched.envs.episode import Episode
+from opsched.envs.features import EpisodeData, observation_space, prepare_episode
 from opsched.envs.spaces import EDGES_PER_NODE, MAX_DEVICES, MAX_LEVELS, ActionLayout
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Machine, get_machine
-from opsched.plan import Assignment, Plan, uniform_plan
+from opsched.plan import Plan, uniform_plan
 from opsched.trace import Trace
 
 GraphSource = OpGraph | Sequence[OpGraph] | Callable[[np.random.Generator], OpGraph]
@@ -141,7 +142,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     return of an episode is therefore ``-makespan / reference`` (> -1 means
     faster than sequential), comparable across graphs.
 
-    Real mode (``ScheduleReal-v0``, ``backend="torch-cpu"``): the decisions
+    Real mode (``ScheduleReal-v0``, ``backend="torch-cpu"`` or ``"tf"``): the decisions
     are taken against the simulator exactly as above; when the last op
     finishes, the episode's Plan is executed on the real backend
     (``real_warmup`` runs discarded, then ``real_repeats`` timed runs; the
@@ -152,7 +153,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     *measured* makespan of the sequential plan (all ops one at a time with all
     CPU cores, ``reference="measured"``), measured once per graph;
     ``reference="sim"`` keeps the simulated one.  Measurements are cached by
-    plan hash, so a repeated plan is not re-run.
+    plan hash, so a repeated plan is not re-run.  The graph must carry the
+    backend's executable source: torch-cpu runs graphs imported from PyTorch,
+    ``tf`` graphs imported from Keras (``opsched.importers.tf_graph``); there a
+    run is one traced TensorFlow run and its makespan the span of TF's own
+    step stats (see :mod:`opsched.backends.tf_cpu` for how a Plan maps onto TF).
 
     ## Starting State
 
@@ -190,9 +195,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     * ``model``: the performance model (default: the analytic one).
     * ``noise`` (0.0): sigma of a lognormal factor on every op's simulated
       time, drawn per episode from ``np_random``.
-    * ``backend`` ("sim"): ``"torch-cpu"`` (or another real backend of
-      :mod:`opsched.backends.registry`) for real mode; ``real_warmup`` (1),
-      ``real_repeats`` (3), ``reference`` ("sim" / "measured").
+    * ``backend`` ("sim"): ``"torch-cpu"``, ``"tf"`` (or another real backend
+      of :mod:`opsched.backends.registry`) for real mode, or an open real
+      Backend instance (shared, e.g. to reuse TensorFlow worker processes; the
+      env does not close it, and ``machine`` defaults to its machine);
+      ``real_warmup`` (1), ``real_repeats`` (3), ``reference`` ("sim" / "measured").
     * ``render_mode``: ``None`` or ``"ansi"`` (a text summary of the state).
 
     ## Version History
@@ -204,7 +211,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     def __init__(self, graphs: GraphSource | None = None, machine: MachineSource | None = None,
                  max_nodes: int = 128, max_edges: int | None = None, model: Any = None, noise: float = 0.0,
-                 backend: str = "sim", real_warmup: int = 1, real_repeats: int = 3,
+                 backend: str | Any = "sim", real_warmup: int = 1, real_repeats: int = 3,
                  reference: str | None = None, render_mode: str | None = None) -> None:
         super().__init__()
         if not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
@@ -216,6 +223,13 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             raise ValueError(f"ScheduleEnv: render_mode {render_mode!r} is not one of {self.metadata['render_modes']}")
         if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
             raise ValueError(f"ScheduleEnv: noise must be a finite number >= 0, got {noise!r}")
+        shared = None
+        if not isinstance(backend, str):
+            if not getattr(backend, "measured", False) or not callable(getattr(backend, "run", None)):
+                raise ValueError(f"ScheduleEnv: backend must be a registry name or a real (measured) Backend, "
+                                 f"got {type(backend).__name__}")
+            shared, backend = backend, backend.name
+            machine = shared.machine if machine is None else machine
         reference = reference or ("sim" if backend == "sim" else "measured")
         if reference not in ("sim", "measured"):
             raise ValueError(f"ScheduleEnv: reference must be 'sim' or 'measured', got {reference!r}")
@@ -240,7 +254,8 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         self._cache: OrderedDict[tuple[int, int], EpisodeData] = OrderedDict()
         self._measured: dict[str, dict[str, Any]] = {}
         self._measured_reference: weakref.WeakKeyDictionary[EpisodeData, float] = weakref.WeakKeyDictionary()
-        self._real = None
+        self._real = shared
+        self._shared_real = shared is not None
         self._data: EpisodeData | None = None
         self._state: SimState | None = None
         self._terminated = False
@@ -299,13 +314,9 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         data = self._episode(graph, machine)
         noise = self.np_random.lognormal(0.0, self.noise, data.n).tolist() if self.noise > 0 else None
         self._data = data
-        self._state = SimState(data.static, noise=noise)
-        self._obs = Observer(data, self._state)
-        self._state.newly_ready.clear()
+        self._ep = Episode(data, noise)
+        self._state, self._obs = self._ep.st, self._ep.obs
         self._terminated = False
-        self._order: list[int] = []
-        self._after: list[int | None] = [None] * data.n
-        self._last_completed: int | None = None
         self._reference = data.reference
         if self.reference_mode == "measured":
             ref = self._measured_reference.get(data)
@@ -341,7 +352,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             if st.n_running == 0:
                 raise InvalidActionError(f"ScheduleEnv.step: 'wait' (action {a}) at t={st.now:.6g}s, but nothing "
                                          "is running to wait for")
-            self._advance()
+            self._ep.advance()
         else:
             slot, rest = divmod(a, MAX_DEVICES * MAX_LEVELS)
             d, lv = divmod(rest, MAX_LEVELS)
@@ -350,13 +361,8 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             if why is not None:
                 raise InvalidActionError(f"ScheduleEnv.step: action {a} (start slot {slot} on device {d} with "
                                          f"{threads} threads) is invalid at t={st.now:.6g}s: {why}")
-            if st.now > st.ready_time[slot]:
-                self._after[slot] = self._last_completed  # it waited: hold it until this completion on replay
-            st._start(slot, d, threads)
-            self._obs.started(slot, d, threads)
-            self._order.append(slot)
-        while not st.done and not self._can_start_any():
-            self._advance()
+            self._ep.start(slot, d, threads)
+        self._ep.settle()
         reward = -(st.now - t_before) / self._reference
         info: dict[str, Any] = {}
         if st.done:
@@ -381,7 +387,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         return "\n".join(lines)
 
     def close(self) -> None:
-        if self._real is not None:
+        if self._real is not None and not self._shared_real:
             real, self._real = self._real, None
             real.close()
 
@@ -422,36 +428,9 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
                                      f"{data.static.dev_ids[d]}, which has levels {levels}")
         return int(levels[lv])
 
-    def _can_start_any(self) -> bool:
-        st = self._state
-        return st.n_ready > 0 and max(st.free) > 0
-
-    def _advance(self) -> None:
-        st = self._state
-        completed = st.advance()
-        self._last_completed = min(completed)
-        self._obs.completed(completed)
-        self._obs.ready(st.newly_ready)
-        st.newly_ready.clear()
-
-    def _episode_plan(self) -> Plan:
-        """The episode's decisions as a Plan for the original graph (valid by construction)."""
-        data, st = self._data, self._state
-        n = data.n
-        ids, dev_ids = data.static.op_ids, data.static.dev_ids
-        asg: list[Assignment] = [Assignment()] * n
-        for k, i in enumerate(self._order):
-            dep = self._after[i]
-            asg[i] = Assignment(dev_ids[st.device[i]], st.threads[i], float(n - k),
-                                () if dep is None else (ids[dep],))
-        co = data.coarsening
-        assignments = dict(zip(ids, asg, strict=True)) if co.identity else co.expand(asg)
-        return Plan(assignments, cached_fingerprint(data.graph), cached_fingerprint(data.machine), "env",
-                    {"env": "opsched/Schedule-v0", "coarsened": not co.identity})
-
     def _final_info(self) -> dict[str, Any]:
         data, st = self._data, self._state
-        plan = self._episode_plan()
+        plan = self._ep.plan("env", {"env": "opsched/Schedule-v0"})
         trace = st.trace("sim")
         info: dict[str, Any] = {
             "plan": plan, "trace": trace, "makespan": st.now, "sim_makespan": st.now,
@@ -472,11 +451,17 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         hit = self._measured.get(key)
         if hit is not None:
             return hit
-        if self._real is None or self._real.machine is not data.machine:
+        if self._shared_real and self._real.machine is not data.machine:
+            from opsched.backends.sim import cached_fingerprint
+
+            if cached_fingerprint(self._real.machine) != cached_fingerprint(data.machine):
+                raise ValueError(f"ScheduleEnv: the shared {self.backend_name} backend runs plans for machine "
+                                 f"{self._real.machine.name!r}, not for this episode's {data.machine.name!r}")
+        elif self._real is None or self._real.machine is not data.machine:
             from opsched.backends.registry import get_backend
 
             self.close()
-            self._real = get_backend(self.backend_name, data.machine)
+            self._real = get_backend(self.backend_name, data.machine, **_REAL_OPTIONS.get(self.backend_name, {}))
         for _ in range(self.real_warmup):
             self._real.run(data.graph, plan)
         traces: list[Trace] = [self._real.run(data.graph, plan) for _ in range(self.real_repeats)]
@@ -491,6 +476,12 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
                   "op_times": {k: float(statistics.median(v)) for k, v in per_op.items()}}
         self._measured[key] = result
         return result
+
+
+#: Per-backend options in real mode: the env does its own warm-up and repeats, so
+#: one TensorFlow call is one traced run (TFBackend's defaults add 2 warm-up, 5
+#: timed and 3 traced runs per call).
+_REAL_OPTIONS: dict[str, dict[str, Any]] = {"tf": {"warmup": 0, "repeats": 0, "trace_runs": 1}}
 
 
 def _plan_hash(plan: Plan) -> str:

@@ -45,7 +45,6 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.sim import SimState, cached_fingerprint
 from opsched.envs.spaces import (
     DYNAMIC_FEATURES,
     EDGES_PER_NODE,
@@ -61,7 +60,7 @@ from opsched.errors import GraphError, MachineError, PolicyError
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
-from opsched.plan import Assignment, Plan
+from opsched.plan import Plan
 from opsched.policies.base import Policy
 from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
 
@@ -410,24 +409,22 @@ class ExportedPolicy(Policy):
 
 
 class _Episode:
-    """One greedy episode: ScheduleEnv's step logic, without gymnasium."""
+    """One greedy episode: ScheduleEnv's decision loop (:class:`~opsched.envs.episode.Episode`),
+    each choice the encoder's best-scored valid action."""
 
     def __init__(self, policy: ExportedPolicy, features: types.ModuleType, data: Any) -> None:
+        from opsched.envs.episode import Episode
+
         self.policy, self.data = policy, data
-        self.st = SimState(data.static)
-        self.obs = features.Observer(data, self.st)
-        self.st.newly_ready.clear()
+        self.ep = Episode(data)
         levels = features.episode_level_features(data) if policy.encoder.levels else None
         self.enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask, levels)
-        self.order: list[int] = []
-        self.after: list[int | None] = [None] * data.n
-        self.last_completed: int | None = None
         self.decisions = self.forced = 0
 
     def run(self) -> Plan:
-        st, obs, wait = self.st, self.obs, self.policy.layout.wait
-        levels = self.data.static.levels
-        while not st.done:
+        ep, wait = self.ep, self.policy.layout.wait
+        obs, levels = ep.obs, self.data.static.levels
+        while not ep.done:
             valid = np.flatnonzero(obs.action_mask())
             if len(valid) == 1:  # one valid action: the policy's choice is forced
                 a = int(valid[0])
@@ -438,45 +435,17 @@ class _Episode:
                 a = int(valid[greedy(scores)])
             self.decisions += 1
             if a == wait:
-                self._advance()
+                ep.advance()
             else:
                 slot, rest = divmod(a, MAX_DEVICES * MAX_LEVELS)
                 d, lv = divmod(rest, MAX_LEVELS)
-                threads = int(levels[d][lv])
-                if st.now > st.ready_time[slot]:
-                    self.after[slot] = self.last_completed  # it waited: hold it until this completion
-                st._start(slot, d, threads)
-                obs.started(slot, d, threads)
-                self.order.append(slot)
-            while not st.done and not (st.n_ready > 0 and max(st.free) > 0):
-                self._advance()
-        return self._plan()
-
-    def _advance(self) -> None:
-        st = self.st
-        completed = st.advance()
-        self.last_completed = min(completed)
-        self.obs.completed(completed)
-        self.obs.ready(st.newly_ready)
-        st.newly_ready.clear()
-
-    def _plan(self) -> Plan:
-        data, st = self.data, self.st
-        n = data.n
-        ids, dev_ids = data.static.op_ids, data.static.dev_ids
-        asg: list[Assignment] = [Assignment()] * n
-        for k, i in enumerate(self.order):
-            dep = self.after[i]
-            asg[i] = Assignment(dev_ids[st.device[i]], st.threads[i], float(n - k),
-                                () if dep is None else (ids[dep],))
-        co = data.coarsening
-        assignments = dict(zip(ids, asg, strict=True)) if co.identity else co.expand(asg)
+                ep.start(slot, d, int(levels[d][lv]))
+            ep.settle()
+        now = ep.st.now
         src = self.policy.meta.get("source", {})
-        return Plan(assignments, cached_fingerprint(data.graph), cached_fingerprint(data.machine),
-                    self.policy.name,
-                    {"policy_dir": str(self.policy.folder), "source_run": src.get("run"),
-                     "coarsened": not co.identity, "slots": n, "decisions": self.decisions,
-                     "forced": self.forced, "sim_makespan": float(st.now) if math.isfinite(st.now) else None})
+        return ep.plan(self.policy.name, {
+            "policy_dir": str(self.policy.folder), "source_run": src.get("run"), "slots": self.data.n,
+            "decisions": self.decisions, "forced": self.forced, "sim_makespan": float(now) if math.isfinite(now) else None})
 
 
 __all__ = ["ExportedPolicy", "FORMAT_VERSION", "POLICY_FORMAT", "action_spec", "array_digest", "load",
