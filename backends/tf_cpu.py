@@ -7,9 +7,10 @@ GraphDef) in a TensorFlow worker process and returns a measured
 :class:`~opsched.trace.Trace` whose events are TensorFlow's own per-node step
 stats (``RunMetadata`` of a ``FULL_TRACE`` run); ``trace.meta['wall_s']`` is
 the median wall time of untraced runs after warm-up.  Also:
-``execute(graph, plan, inputs)`` returns the outputs; ``measure(graph,
-TFSettings(inter, intra))`` times plain TensorFlow at a setting (TF's own
-placement and order, for ``bench/keras_settings.py``); :func:`profile_tf`
+``execute(graph, plan, inputs)`` returns the outputs; ``time_plan(graph,
+plan)`` times a plan untraced; ``measure(graph, TFSettings(inter, intra))``
+times plain TensorFlow at a setting (TF's own placement and order, for
+``bench/keras_settings.py`` and ``opsched apply``); :func:`profile_tf`
 (below); ``tf_default()`` and ``tf_recommended(machine)`` name the usual
 settings.
 
@@ -433,14 +434,19 @@ class TFBackend(Backend):
         return reply, [bytes_to_array(b) for b in out]
 
     # ------------------------------------------------------------ public API
-    def run(self, graph: OpGraph, plan: Plan) -> Trace:
-        """Execute ``plan`` for real; one event per op from TF's step stats."""
+    def _plan_args(self, graph: OpGraph, plan: Plan) -> tuple[TFSettings, dict[str, str], dict[str, list[str]]]:
+        """What a plan becomes in TF: thread settings, per-node placement, control dependencies."""
         plan.validate(graph, self.machine)
         _source(graph)
         settings = self.settings_for(graph, plan)
         chain, _ = self._slot_schedule(graph, plan)
         after = {op.id: sorted(set(chain.get(op.id, ())) | set(plan[op.id].after)) for op in graph.ops}
         placement = {op.id: plan[op.id].device for op in graph.ops}
+        return settings, placement, after
+
+    def run(self, graph: OpGraph, plan: Plan) -> Trace:
+        """Execute ``plan`` for real; one event per op from TF's step stats."""
+        settings, placement, after = self._plan_args(graph, plan)
         reply, _ = self._call(graph, settings, placement=placement, after=after, warmup=self.warmup,
                               repeats=self.repeats, trace_runs=self.trace_runs)
         spans = []
@@ -461,20 +467,29 @@ class TFBackend(Backend):
         })
         return Trace(tuple(events), backend=self.name, meta=meta)
 
-    def execute(self, graph: OpGraph, plan: Plan | None = None,
-                inputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Run once (under ``plan``'s settings, placement and order if given) and return the outputs."""
+    def execute(self, graph: OpGraph, plan: Plan | None = None, inputs: Sequence[np.ndarray] | None = None,
+                settings: TFSettings | None = None) -> list[np.ndarray]:
+        """Run once and return the outputs: under ``plan``'s settings, placement and
+        order if given, else plain TensorFlow at ``settings`` (default: TF's own)."""
         if plan is None:
-            settings, placement, after = tf_default(), {}, {}
+            settings, placement, after = settings or tf_default(), {}, {}
         else:
-            plan.validate(graph, self.machine)
-            settings = self.settings_for(graph, plan)
-            chain, _ = self._slot_schedule(graph, plan)
-            after = {op.id: sorted(set(chain.get(op.id, ())) | set(plan[op.id].after)) for op in graph.ops}
-            placement = {op.id: plan[op.id].device for op in graph.ops}
+            if settings is not None:
+                raise PlanError("TFBackend.execute: give a plan or settings, not both (a plan sets its own)")
+            settings, placement, after = self._plan_args(graph, plan)
         _, outs = self._call(graph, settings, inputs=inputs, placement=placement, after=after,
                              return_outputs=True)
         return outs
+
+    def time_plan(self, graph: OpGraph, plan: Plan, repeats: int = 10, warmup: int = 2,
+                  inputs: Sequence[np.ndarray] | None = None) -> list[float]:
+        """Wall seconds per inference under ``plan`` (untraced, timed inside the worker
+        around the session call, so no inter-process transfer is counted): the
+        figure comparable with :meth:`measure`."""
+        settings, placement, after = self._plan_args(graph, plan)
+        reply, _ = self._call(graph, settings, inputs=inputs, placement=placement, after=after,
+                              warmup=warmup, repeats=repeats)
+        return [float(x) for x in reply["wall_s"]]
 
     def measure(self, graph: OpGraph, settings: TFSettings, repeats: int = 10, warmup: int = 2,
                 inputs: Sequence[np.ndarray] | None = None) -> list[float]:
@@ -516,8 +531,10 @@ def _source(graph: OpGraph) -> Any:
 
     src = graph.source
     if not isinstance(src, TFSource):
-        raise ExecutionError(f"graph {graph.name!r} has no TensorFlow source; import it with "
-                             "opsched.importers.tf_graph.from_keras or from_tf_function")
+        kind = "was imported from PyTorch" if type(src).__name__ == "TorchSource" else "has no executable source"
+        raise ExecutionError(f"graph {graph.name!r} {kind}, not from TensorFlow: the tf backend runs "
+                             "graphs imported from Keras (a keras:NAME spec, a .py factory returning a Keras "
+                             "model, or opsched.importers.tf_graph.from_keras / from_tf_function)")
     return src
 
 

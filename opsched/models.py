@@ -10,14 +10,26 @@ so the spec grammar is the same everywhere:
                                     (``n`` ops, default 100; other options go to
                                     the family, e.g. ``p=0.1``)
 ``path/graph.json``                 a saved :class:`~opsched.graph.OpGraph`
+``keras:NAME[:side=N]``              a ``keras.applications`` model (``weights=None``,
+                                    weights drawn from ``seed``), e.g.
+                                    ``keras:MobileNetV2`` or ``keras:ResNet50:side=128``
+                                    (square input side; default the model's own);
+                                    ``--width`` is the model's ``alpha`` where it has one
 ``path/to/module.py:factory``       your own model: ``factory(batch)`` returns
-                                    ``(nn.Module, example_inputs)``; it also gets
-                                    ``width=`` / ``seed=`` if it accepts them
+                                    ``(nn.Module, example_inputs)``, or a built
+                                    Keras model (or ``(keras_model, inputs)``);
+                                    it also gets ``width=`` / ``seed=`` if it
+                                    accepts them
 ==================================  ==========================================
 
-Torch specs (zoo and ``.py``) import through
+Torch models (zoo and ``.py``) import through
 :func:`opsched.importers.torch_fx.from_torch`, so their graphs carry an
-executable ``TorchSource``; JSON and synthetic graphs have none (simulation only).
+executable ``TorchSource``; Keras models (``keras:`` and ``.py``) through
+:func:`opsched.importers.tf_graph.from_keras`, so theirs carry a ``TFSource``
+(the ``tf`` backend runs them); JSON and synthetic graphs have none
+(simulation only).  :func:`load_any` returns either kind of model with its
+framework; :func:`load_model` insists on torch.  TensorFlow is imported only
+for Keras specs (or when a ``.py`` factory has imported it itself).
 """
 
 from __future__ import annotations
@@ -25,21 +37,41 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from opsched.errors import GraphError, ModelImportError
 from opsched.graph import OpGraph
 
-SPEC_KINDS = "zoo:NAME, synthetic:FAMILY[:n=N][:seed=S], a .json graph file, or path/to/module.py:factory"
+SPEC_KINDS = ("zoo:NAME, keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], a .json graph file, "
+              "or path/to/module.py:factory")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model a spec names, ready to import and run.
+
+    ``framework`` is ``"torch"`` (``model`` an ``nn.Module`` in eval mode,
+    ``inputs`` its example inputs) or ``"keras"`` (``model`` a built Keras
+    model, ``inputs`` numpy arrays the factory gave, or ``None``: then the
+    importer's deterministic random inputs are used).  ``name`` names the graph.
+    """
+
+    framework: str
+    model: Any
+    inputs: tuple | None
+    name: str
+    spec: str
 
 
 def _available() -> str:
     from opsched.synthetic import FAMILIES
     from opsched.zoo import ZOO
 
-    return (f"expected {SPEC_KINDS}; zoo models: {', '.join(ZOO)}; "
+    return (f"expected {SPEC_KINDS}; zoo models: {', '.join(ZOO)}; keras: any keras.applications name; "
             f"synthetic families: {', '.join(FAMILIES)}")
 
 
@@ -98,9 +130,15 @@ def _load_py_factory(path: Path, factory: str) -> Any:
     return fn
 
 
-def _call_factory(fn: Any, where: str, batch: int, width: float, seed: int) -> tuple[Any, tuple]:
-    import torch
+def _is_keras(obj: Any) -> bool:
+    """A Keras model (Keras 3 or tf_keras), detected without importing TensorFlow."""
+    roots = {"keras", "tf_keras"}
+    return hasattr(obj, "inputs") and any(
+        c.__module__.split(".")[0] in roots or c.__module__.startswith("tensorflow.python.keras")
+        for c in type(obj).__mro__)
 
+
+def _call_factory(fn: Any, where: str, batch: int, width: float, seed: int) -> tuple[str, Any, tuple | None]:
     kwargs: dict[str, Any] = {}
     try:
         params = inspect.signature(fn).parameters
@@ -113,30 +151,104 @@ def _call_factory(fn: Any, where: str, batch: int, width: float, seed: int) -> t
         result = fn(batch, **kwargs)
     except Exception as exc:
         raise ModelImportError(f"{where}(batch={batch}) raised {type(exc).__name__}: {exc}") from exc
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
+    pair = isinstance(result, tuple) and len(result) == 2
+    if _is_keras(result) or (pair and _is_keras(result[0])):
+        model, inputs = (result, None) if _is_keras(result) else result
+        if inputs is not None:
+            import numpy as np
+
+            inputs = tuple(np.asarray(a) for a in (inputs if isinstance(inputs, (list, tuple)) else (inputs,)))
+        return "keras", model, inputs
+    torch = sys.modules.get("torch")
+    if not (pair and torch is not None and isinstance(result[0], torch.nn.Module)):
         raise ModelImportError(
-            f"{where}(batch) must return (nn.Module, example_inputs), got {type(result).__name__}"
+            f"{where}(batch) must return (nn.Module, example_inputs) or a built Keras model, "
+            f"got {type(result).__name__}"
         )
     module, inputs = result
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
-    return module.eval(), tuple(inputs)
+    return "torch", module.eval(), tuple(inputs)
 
 
-def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
-    """The torch module (eval mode) and example inputs of a zoo or ``.py`` spec."""
+def _keras_application(spec: str, width: float, seed: int) -> Any:
+    """``keras:NAME[:side=N]``: a ``keras.applications`` model with fresh weights from ``seed``."""
+    from opsched.importers.tf_graph import _tf
+
+    name, *parts = spec[len("keras:"):].split(":")
+    opts = _parse_options(parts, spec)
+    side = opts.pop("side", None)
+    if opts:
+        raise ModelImportError(f"model spec {spec!r}: unknown option(s) {', '.join(opts)}; keras specs take side=N")
+    tf = _tf()
+    apps = tf.keras.applications
+    ctor = getattr(apps, name, None)
+    if not name or not callable(ctor) or not name[0].isupper():
+        known = sorted(n for n in dir(apps) if n[:1].isupper() and callable(getattr(apps, n)))
+        raise ModelImportError(f"model spec {spec!r}: no keras.applications model {name!r}; "
+                               f"known: {', '.join(known)}")
+    kwargs: dict[str, Any] = {"weights": None}
+    if side is not None:
+        if not isinstance(side, int) or side < 32:
+            raise ModelImportError(f"model spec {spec!r}: side must be an int >= 32, got {side!r}")
+        kwargs["input_shape"] = (side, side, 3)
+    if width != 1.0:
+        if "alpha" not in inspect.signature(ctor).parameters:
+            raise ModelImportError(f"model spec {spec!r}: {name} has no width multiplier (alpha); "
+                                   f"--width must be 1, got {width}")
+        kwargs["alpha"] = width
+    tf.keras.backend.clear_session()  # layer-name counters restart: the same spec, the same op ids
+    tf.keras.utils.set_random_seed(seed)
+    try:
+        return ctor(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - Keras raises ValueError/TypeError for bad shapes
+        raise ModelImportError(f"model spec {spec!r}: keras.applications.{name}({kwargs}) failed: {exc}") from None
+
+
+def load_any(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> LoadedModel:
+    """The torch module or Keras model of a zoo, ``keras:`` or ``.py`` spec, with its framework."""
     from opsched.zoo import ZOO, get_zoo_model
 
     spec = spec.strip()
     if spec.startswith("zoo:"):
-        return get_zoo_model(spec[4:]).build(batch, width, seed)
+        module, inputs = get_zoo_model(spec[4:]).build(batch, width, seed)
+        return LoadedModel("torch", module, inputs, spec[4:], spec)
     if spec in ZOO and not Path(spec).exists():
-        return ZOO[spec].build(batch, width, seed)
+        module, inputs = ZOO[spec].build(batch, width, seed)
+        return LoadedModel("torch", module, inputs, spec, spec)
+    if spec.startswith("keras:"):
+        model = _keras_application(spec, width, seed)
+        return LoadedModel("keras", model, None, spec[len("keras:"):].split(":")[0], spec)
     py = _split_py(spec)
     if py is not None:
         path, factory = py
-        return _call_factory(_load_py_factory(path, factory), f"{path}:{factory}", batch, width, seed)
-    raise ModelImportError(f"model spec {spec!r} is not a torch model; {_available()}")
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # should the file import TensorFlow: no INFO flood
+        fn = _load_py_factory(path, factory)
+        if "tensorflow" in sys.modules:  # a Keras factory: fresh layer names for each load
+            sys.modules["tensorflow"].keras.backend.clear_session()
+        framework, model, inputs = _call_factory(fn, f"{path}:{factory}", batch, width, seed)
+        return LoadedModel(framework, model, inputs, factory, spec)
+    raise ModelImportError(f"model spec {spec!r} is not a torch model or a Keras model; {_available()}")
+
+
+def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
+    """The torch module (eval mode) and example inputs of a zoo or ``.py`` spec."""
+    loaded = load_any(spec, batch, width, seed)
+    if loaded.framework != "torch":
+        raise ModelImportError(f"model spec {spec!r} is a Keras model, not a PyTorch one; it runs on the "
+                               "TensorFlow backend (--backend tf)")
+    return loaded.model, loaded.inputs
+
+
+def import_graph(loaded: LoadedModel, batch: int = 1) -> OpGraph:
+    """The OpGraph of a loaded model, with its executable source (torch FX or a frozen TF GraphDef)."""
+    if loaded.framework == "keras":
+        from opsched.importers.tf_graph import from_keras
+
+        return from_keras(loaded.model, batch=batch, name=loaded.name)
+    from opsched.importers.torch_fx import from_torch
+
+    return from_torch(loaded.model, loaded.inputs, name=loaded.name)
 
 
 def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> OpGraph:
@@ -156,13 +268,10 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> 
         return generate(family, n_ops, s, **opts)
     if spec.endswith(".json"):
         return OpGraph.load(spec)
-    if spec.startswith("zoo:") or (spec in ZOO and not Path(spec).exists()) or _split_py(spec) is not None:
-        from opsched.importers.torch_fx import from_torch
-
-        module, inputs = load_model(spec, batch, width, seed)
-        name = spec[4:] if spec.startswith("zoo:") else (spec if spec in ZOO else spec.rpartition(":")[2])
-        return from_torch(module, inputs, name=name)
+    if (spec.startswith(("zoo:", "keras:")) or (spec in ZOO and not Path(spec).exists())
+            or _split_py(spec) is not None):
+        return import_graph(load_any(spec, batch, width, seed), batch)
     raise GraphError(f"unknown model spec {spec!r}; {_available()}")
 
 
-__all__ = ["load_graph", "load_model", "SPEC_KINDS"]
+__all__ = ["LoadedModel", "import_graph", "load_any", "load_graph", "load_model", "SPEC_KINDS"]

@@ -112,3 +112,16 @@ def test_compare_for_real_on_this_cpu(tmp_path):
     rows = [r for r in data["results"] if r["graph"] == "zoo:transformer"]
     for r in rows:
         assert r["min_s"] <= r["makespan_s"] <= r["max_s"]
+
+
+@pytest.mark.tf
+def test_compare_refuses_a_pytorch_graph_on_the_tf_backend_before_writing_anything(tmp_path):
+    factory = tmp_path / "net.py"
+    factory.write_text("import torch\nfrom torch import nn\n\ndef build(batch):\n"
+                       "    return nn.Sequential(nn.Linear(4, 4)), (torch.randn(batch, 4),)\n")
+    out = tmp_path / "runs"
+    result = runner.invoke(app, ["compare", "--graphs", f"{factory}:build", "--machine", "local", "--backend", "tf",
+                                 "--policies", "sequential", "--out", str(out)])
+    assert isinstance(result.exception, OpschedError), result.output
+    assert "is a PyTorch model" in str(result.exception) and "--backend torch-cpu" in str(result.exception)
+    assert not out.exists() or not any(out.iterdir())  # no half-written run folder

@@ -189,7 +189,7 @@ def test_foreign_plans_and_graphs_are_refused(backend, graph, machine):
     with pytest.raises(PlanError, match="different machine"):
         backend.run(graph, uniform_plan(graph, _machine(3), 1))
     plain = OpGraph((Op("a", "a"), Op("b", "b")), (Edge("a", "b"),), name="no-source")
-    with pytest.raises(ExecutionError, match="no TensorFlow source"):
+    with pytest.raises(ExecutionError, match="has no executable source, not from TensorFlow"):
         backend.run(plain, uniform_plan(plain, machine, 1))
 
 

@@ -109,6 +109,15 @@ def _time_of(trace: Any, measured: bool) -> float:
     return float(trace.makespan)
 
 
+def _framework(graph: Any) -> str:
+    """The framework a graph's executable source comes from."""
+    return "TensorFlow" if type(graph.source).__name__ == "TFSource" else "PyTorch"
+
+
+def _framework_of_backend(name: str) -> str:
+    return "TensorFlow" if name == "tf" else "PyTorch"
+
+
 def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_spec: str, *, batch: int = 1,
                 width: float = 1.0, repeats: int | None = None, warmup: int = 1, out: str | Path = "runs",
                 seed: int = 0, noise: float = 0.0, search_trials: int = 100, gantt: bool = True,
@@ -142,8 +151,6 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         measured = bool(getattr(backend, "measured", False))
         if repeats is None:
             repeats = 5 if measured or noise > 0 else 1
-        run_dir = next_run_dir(out, "compare")
-        atomic_write_text(run_dir / "command.txt", command + "\n")
         results: dict[str, list[Result]] = {}
         bounds: dict[str, float] = {}
         loaded = []
@@ -156,10 +163,16 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                 if measured and graph.source is None:
                     raise OpschedError(f"compare: graph {spec!r} has no executable source; synthetic and JSON "
                                        "graphs run only on --backend sim")
+                if measured and _framework(graph) != _framework_of_backend(backend_name):
+                    raise OpschedError(f"compare: graph {spec!r} is a {_framework(graph)} model; --backend "
+                                       f"{backend_name} runs {_framework_of_backend(backend_name)} models "
+                                       f"(use --backend {'tf' if _framework(graph) == 'TensorFlow' else 'torch-cpu'})")
                 cached_fingerprint(graph)  # hashed once here, not inside the first policy's decision time
                 loaded.append((spec, graph))
                 bounds[spec] = float(lower_bound(graph, machine, model))
                 progress.advance(t_load)
+            run_dir = next_run_dir(out, "compare")  # only once every graph loaded: no empty folders
+            atomic_write_text(run_dir / "command.txt", command + "\n")
             t_plan = progress.add_task("planning", total=len(graphs) * len(policies))
             for spec, graph in loaded:
                 results[spec] = []
