@@ -539,15 +539,27 @@ def planning_times(ctx: dict[str, Any], quick: bool) -> dict[str, Any]:
 
 
 def train_time_to_beat_cpf(runs_root: Path | None = None) -> dict[str, Any]:
-    """From the newest training run's evaluations.csv: the first evaluation at
-    which the held-out geometric-mean ratio to critical-path-first is <= 1."""
+    """From the newest *default* training run's evaluations.csv (default
+    hyperparameters and seed, in the simulator, not fine-tuned from another run; the
+    newest run of any kind when there is none): the first evaluation at which
+    the held-out geometric-mean ratio to critical-path-first is <= 1."""
     import csv
+
+    import yaml
+
+    def is_default(run: Path) -> bool:
+        try:
+            cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return False
+        return (cfg.get("hyperparams") == "default" and cfg.get("backend", "sim") == "sim" and not cfg.get("init")
+                and not cfg.get("overrides") and cfg.get("seed", 0) == 0)
 
     root = runs_root or H.REPO / "runs"
     files = sorted(root.glob("*/evaluations.csv"), key=lambda p: p.stat().st_mtime, reverse=True)
     if not files:
         return {"skipped": "no training run with evaluations.csv under runs/ (run `opsched train-policy`)"}
-    f = files[0]
+    f = next((x for x in files if is_default(x.parent)), files[0])
     with open(f, newline="") as fh:
         rows = list(csv.DictReader(fh))
     key = next((k for k in ("gmean_cpf", "gmean_critical_path_first") if rows and k in rows[0]), None)
