@@ -30,7 +30,7 @@ simulator and the schedulers take either.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -52,6 +52,10 @@ from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
 
 _MIN_TIME = 1e-7
+#: Op kinds whose CPU kernels (oneDNN, MKL) always run an OpenMP parallel region at > 1 thread.
+PARALLEL_KINDS = frozenset({"conv", "matmul", "rnn", "attention"})
+#: ATen's ``internal::GRAIN_SIZE``: element-wise loops over fewer elements run on one thread.
+ATEN_GRAIN_SIZE = 32768
 
 
 # ------------------------------------------------------------------- Amdahl
@@ -484,15 +488,37 @@ class RuntimeCalibration:
     """What executing a whole plan on a real runtime adds to the profiled op times.
 
     The profiler times each op alone, called back to back on one thread with
-    its inputs hot; a runtime executing a plan also pays, per op, its own
-    bookkeeping (ready counters, the slot pool, timing, freeing values) and,
-    when ops co-run on executor threads, the interpreter lock: the Python side
-    of every op call (the generated op callable, argument parsing, the
-    executor's bookkeeping) holds the GIL, only the kernels release it, so
-    small ops on two threads largely take turns.  Neither shows in a per-op
-    profile.  Fields (seconds unless said):
+    its inputs, weights and code path hot; a runtime executing a plan runs
+    every op once, after other ops, and pays its own bookkeeping.  None of
+    that shows in a per-op profile.  Fields (seconds unless said):
 
-    * ``op_overhead_s``: added to every CPU op's alone time;
+    * ``insitu_factor``: CPU op times are multiplied by it (>= 0; 1 = as
+      profiled): inputs no longer hot in the caches;
+    * ``cold_byte_s``: seconds per byte of weights an op is the first in the
+      run to read (:func:`cold_weight_bytes`): profiled in a loop they sit in
+      the caches, in a run they come from memory - once per run, so a
+      recurrent cell's weights, read at every step, count once;
+    * ``act_byte_s``: seconds per byte of activations an op reads and writes
+      (``bytes_total - param_bytes``): profiled in a loop they stay in the
+      first-level caches, in a run an op's input was written by another op
+      and its output is a fresh buffer;
+    * ``op_overhead_s``: then added to every CPU op: the executor's ready
+      counters, slot pool and timing, and the cold Python/dispatcher path of
+      an op called once rather than in a loop;
+    * ``thread_switch_s``: waking an idle OpenMP team: added to a
+      multi-threaded CPU op that enters a parallel region
+      (:meth:`CalibratedModel.opens_parallel_region`) when the last op started
+      on its device did not use a team of that size (a one-thread op runs no
+      parallel region; the helpers spin a while, then sleep on a futex, and
+      the next parallel region must wake them);
+    * ``team_overhead_s``: once two executor threads have each run a
+      multi-threaded op, both hold OpenMP teams; the process
+      then has more OpenMP threads than cores, libgomp stops spin-waiting at
+      its barriers, and a multi-threaded op is no faster than on one thread
+      and pays for waking its team: one that enters a parallel region
+      (:meth:`CalibratedModel.opens_parallel_region`) takes ``max(t(k), t(1))
+      + team_overhead_s`` (measured here: a 2-thread convolution at its
+      1-thread time plus ~35 us once a second team exists);
     * ``host_s``: of each op's time, the part that holds the interpreter lock
       (its GIL share is ``min(1, host_s / t)``); co-running ops whose shares
       add up to more than 1 slow down as the GIL is oversubscribed - the same
@@ -505,16 +531,24 @@ class RuntimeCalibration:
     op_overhead_s: float = 0.0
     host_s: float = 0.0
     corun_c0: float = 0.0
+    insitu_factor: float = 1.0
+    thread_switch_s: float = 0.0
+    team_overhead_s: float = 0.0
+    cold_byte_s: float = 0.0
+    act_byte_s: float = 0.0
     fitted_on: tuple[str, ...] = ()
 
+    _FIELDS = ("op_overhead_s", "host_s", "corun_c0", "insitu_factor", "thread_switch_s", "team_overhead_s",
+               "cold_byte_s", "act_byte_s")
+
     def to_dict(self) -> dict[str, object]:
-        return {"op_overhead_s": self.op_overhead_s, "host_s": self.host_s, "corun_c0": self.corun_c0,
-                "fitted_on": list(self.fitted_on)}
+        return {**{k: getattr(self, k) for k in self._FIELDS}, "fitted_on": list(self.fitted_on)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], where: str = "<dict>") -> RuntimeCalibration:
         try:
-            vals = {k: float(data.get(k, 0.0)) for k in ("op_overhead_s", "host_s", "corun_c0")}  # type: ignore[arg-type]
+            vals = {k: float(data.get(k, 1.0 if k == "insitu_factor" else 0.0))  # type: ignore[arg-type]
+                    for k in cls._FIELDS}
             fitted_on = tuple(str(x) for x in data.get("fitted_on", ()))  # type: ignore[union-attr]
         except (TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"{where}: malformed runtime calibration: {exc}") from None
@@ -551,20 +585,55 @@ class CalibratedModel:
     """A performance model plus a :class:`RuntimeCalibration`: what the real
     runtime, not the op alone, will take (same API as the wrapped model).
 
-    CPU ops get ``op_overhead_s`` more; co-running CPU ops slow down by the
-    wrapped model's term plus the GIL and flat co-run terms (through
-    :meth:`corun_slowdown`, which the simulator calls with each op's alone
-    time).  GPU devices are passed through unchanged."""
+    CPU op times become ``insitu_factor * t + op_overhead_s + cold_byte_s *
+    cold_bytes(op) + act_byte_s * activation_bytes(op)`` (``cold_bytes``: per
+    op of a graph, default :func:`cold_weight_bytes`); the simulator adds
+    ``thread_switch_s`` (:attr:`thread_switch_s`) to a multi-threaded op that
+    must wake an idle OpenMP team and :attr:`team_overhead_s` to multi-threaded
+    ops once two executor threads hold teams, and prices co-running CPU ops with
+    the wrapped model's term plus the GIL and flat co-run terms (through
+    :meth:`corun_slowdown`, called with each op's alone time).  GPU devices
+    are passed through unchanged."""
 
-    def __init__(self, base: object, calibration: RuntimeCalibration) -> None:
+    def __init__(self, base: object, calibration: RuntimeCalibration,
+                 cold_bytes: Callable[[OpGraph], Sequence[float]] | None = None) -> None:
         self.base = base
         self.calibration = calibration
+        self.cold_bytes = cold_bytes or cold_weight_bytes
         self.name = f"{getattr(base, 'name', type(base).__name__)}+runtime"
         self._tables: dict[tuple[str, str], TimeTable] = {}
 
+    @property
+    def thread_switch_s(self) -> float:
+        return self.calibration.thread_switch_s
+
+    @property
+    def team_overhead_s(self) -> float:
+        return self.calibration.team_overhead_s
+
+    @staticmethod
+    def opens_parallel_region(op: Op) -> bool:
+        """Whether a multi-threaded run of ``op`` enters an OpenMP parallel region
+        (and so pays :attr:`team_overhead_s` when throttled): library kernels
+        (oneDNN convolutions, MKL GEMMs) always do; ATen's element-wise,
+        reduction and normalisation loops only above its grain size."""
+        if op.kind in PARALLEL_KINDS:
+            return True
+        return float(np.prod(op.shape)) >= ATEN_GRAIN_SIZE if op.shape else False
+
+    def _cpu(self, t: float) -> float:
+        c = self.calibration
+        return c.insitu_factor * t + c.op_overhead_s
+
+    def _act(self, op: Op) -> float:
+        return self.calibration.act_byte_s * max(0.0, op.bytes_total - op.param_bytes)
+
     def op_time(self, op: Op, device: Device, threads: int) -> float:
+        """Alone on ``device`` in a run (without the graph: all its weights cold)."""
         t = float(self.base.op_time(op, device, threads))  # type: ignore[attr-defined]
-        return t if device.is_gpu else t + self.calibration.op_overhead_s
+        if device.is_gpu:
+            return t
+        return self._cpu(t) + self.calibration.cold_byte_s * op.param_bytes + self._act(op)
 
     def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
         key = (graph.fingerprint(), machine.fingerprint())
@@ -572,9 +641,11 @@ class CalibratedModel:
         if hit is None:
             base = self.base.time_table(graph, machine)  # type: ignore[attr-defined]
             times = base.times.copy()
+            cold = self.calibration.cold_byte_s * np.asarray(self.cold_bytes(graph), dtype=float)
+            cold += np.array([self._act(op) for op in graph.ops])
             for d, dev in enumerate(machine.devices):
-                if not dev.is_gpu:
-                    times[:, d, :] += self.calibration.op_overhead_s
+                if not dev.is_gpu:  # inf (missing levels) stays inf
+                    times[:, d, :] = self._cpu(times[:, d, :]) + cold[:, None]
             hit = self._tables[key] = TimeTable(times, base.levels, base.device_ids)
         return hit
 
@@ -609,3 +680,36 @@ class CalibratedModel:
         if name == "base":
             raise AttributeError(name)
         return getattr(self.base, name)
+
+
+def cold_weight_bytes(graph: OpGraph) -> np.ndarray:
+    """Per op, the bytes of weights it is the first op of a run to read.
+
+    An op's ``param_bytes`` counts every weight it reads; a weight read by
+    several ops (an unrolled recurrent cell's, at every step) is fetched from
+    memory once per run and then stays in the caches.  For an imported torch
+    graph the weights are told apart by their value slots (``graph.source``);
+    without a source every op's ``param_bytes`` counts.  An embedding lookup
+    reads the rows it returns, not its whole table."""
+    src = graph.source
+    out = np.array([min(op.param_bytes, op.bytes_written) if op.kind == "embedding" else op.param_bytes
+                    for op in graph.ops], dtype=float)
+    const = getattr(src, "const_slots", None)
+    if not const or not hasattr(src, "compile_ops"):
+        return out
+    try:
+        values = src.new_values(*src.example_inputs)
+        compiled = {c.op_id: c for c in src.compile_ops()}
+    except Exception:  # a source that cannot rebuild its values: every op's own weights
+        return out
+    size = {s: float(values[s].numel() * values[s].element_size()) for s in const
+            if hasattr(values[s], "element_size")}
+    seen: set[int] = set()
+    for i in graph.topo_index:
+        c = compiled.get(graph.ops[i].id)
+        if c is None:
+            continue
+        again = [s for s in c.reads if s in size and s in seen]
+        seen.update(s for s in c.reads if s in size)
+        out[i] = max(0.0, out[i] - sum(size[s] for s in again))
+    return out

@@ -96,12 +96,17 @@ class ContentionMeter:
     nothing about the op.  ``/proc/stat`` (all CPUs) minus ``/proc/self/stat``
     (this process) over the measurement gives the other processes' load, so
     a measurement taken under load can be retried.  Returns 0 where /proc is
-    missing (not Linux)."""
+    missing (not Linux).  ``children=True`` also counts this process's
+    children that ended and were waited for during the measurement as ours
+    (a benchmark that forks one child per measurement)."""
 
     _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-    @staticmethod
-    def _jiffies() -> tuple[int, int] | None:
+    def __init__(self, children: bool = False) -> None:
+        self.children = children
+        self.others_cores = 0.0
+
+    def _jiffies(self) -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
                 vals = [int(x) for x in f.readline().split()[1:]]
@@ -110,7 +115,10 @@ class ContentionMeter:
         except (OSError, ValueError, IndexError):
             return None
         busy = sum(vals[:8]) - vals[3] - vals[4]  # all but idle and iowait (steal counts: another VM ran)
-        return busy, int(fields[11]) + int(fields[12])
+        own = int(fields[11]) + int(fields[12])  # utime + stime
+        if self.children:
+            own += int(fields[13]) + int(fields[14])  # cutime + cstime: waited-for children
+        return busy, own
 
     def __enter__(self) -> ContentionMeter:
         self._t0, self._j0 = time.perf_counter(), self._jiffies()

@@ -23,6 +23,20 @@ What is simulated (and why it is enough for scheduling decisions):
   alone) and runs at rate ``1 / slowdown``; the rates of a device are
   recomputed whenever the set of ops computing on it changes, and the finish
   times follow.  An op alone on its device always runs at rate 1.
+* **Runtime costs.**  A model may also say what a real runtime adds when
+  ops run together (``model.corun_slowdown(device, demands, times)``, called
+  with each op's alone time, e.g. the interpreter lock), what waking an idle
+  OpenMP team costs (``model.thread_switch_s``: added to a multi-threaded CPU
+  op that enters a parallel region (``model.opens_parallel_region(op)``) when
+  the last op started on its device did not use a team of that size - a
+  one-thread op runs no parallel region, so the team's helpers went idle),
+  and a multi-threaded op's cost once several executor threads
+  hold OpenMP teams (``model.team_overhead_s``: when a first pass shows two
+  executor threads running multi-threaded ops (:func:`_team_holders` follows
+  the runtime's executors), every multi-threaded CPU op that enters a
+  parallel region takes ``max(t(k), t(1)) + team_overhead_s`` - the process
+  then has more OpenMP threads than cores and libgomp stops spin-waiting); see
+  :class:`~opsched.backends.fitted.CalibratedModel`.
 * **Noise.**  Optional: every op's alone time is multiplied by a lognormal
   factor ``exp(N(0, noise))`` drawn from a seeded generator.
 * **Memory.**  Bytes of live tensors per device (an output lives on its
@@ -128,6 +142,14 @@ class SimStatic:
         # interpreter lock of a real runtime: CalibratedModel) is called with them.
         corun = getattr(model, "corun_slowdown", None)
         self.timed_slowdown = corun if callable(corun) else None
+        # A real runtime's cost of waking an idle OpenMP team: added to a multi-threaded
+        # op entering a parallel region after ops that used no team of its size (CalibratedModel).
+        self.switch_s = float(getattr(model, "thread_switch_s", 0.0) or 0.0)
+        # ... and of multi-threaded ops once several executors hold OpenMP teams
+        # (more OpenMP threads than cores: libgomp stops spin-waiting).
+        self.team_s = float(getattr(model, "team_overhead_s", 0.0) or 0.0)
+        opens = getattr(model, "opens_parallel_region", None) if self.team_s > 0.0 or self.switch_s > 0.0 else None
+        self.parallel = [bool(opens(op)) if callable(opens) else True for op in graph.ops]
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
         self._xfer: dict[tuple[float, int, int], float] = {}
         self._extra_time: dict[tuple[int, int, int], tuple[float, float]] = {}
@@ -209,11 +231,12 @@ class SimState:
 
     ``after[i]``: extra op indices that must finish before ``i`` is ready (a
     Plan's control dependencies).  ``noise[i]``: a factor on op ``i``'s alone
-    time (default 1).
+    time (default 1).  ``omp_throttled``: price multi-threaded ops as a real
+    runtime with several OpenMP teams runs them (the model's ``team_overhead_s``).
     """
 
     def __init__(self, static: SimStatic, after: Sequence[Sequence[int]] | None = None,
-                 noise: Sequence[float] | None = None) -> None:
+                 noise: Sequence[float] | None = None, omp_throttled: bool = False) -> None:
         s = static
         n, nd = s.n, s.n_dev
         self.static = s
@@ -240,6 +263,11 @@ class SimState:
         self._arrive = [0.0] * n
         self._demand = [0.0] * n
         self._alone = [0.0] * n
+        # per device, the size of the OpenMP team the last op used (1: none, its helpers idle;
+        # 0: not yet created); kept only when waking a team costs
+        self._last_threads: list[int] | None = [0] * nd if static.switch_s > 0.0 else None
+        self._throttled = omp_throttled and static.team_s > 0.0
+        self._runtime_costs = self._last_threads is not None or self._throttled  # one test per op start
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._running: set[int] = set()
@@ -371,6 +399,8 @@ class SimState:
         t_alone, demand = s.time_and_demand(i, d, k)
         if self._noise is not None:
             t_alone *= self._noise[i]
+        if self._runtime_costs:
+            t_alone = self._runtime_time(i, d, k, t_alone)
         self._work[i] = t_alone
         self._alone[i] = t_alone
         self._demand[i] = demand
@@ -380,6 +410,24 @@ class SimState:
             heapq.heappush(self._heap, (arrive, self._seq, i, -1))
         else:
             self._begin(i)
+
+    def _runtime_time(self, i: int, d: int, k: int, t_alone: float) -> float:
+        """``t_alone`` plus a real runtime's thread-switch and OpenMP-team costs
+        (see the module docstring); called only when the model prices them."""
+        s = self.static
+        if self._throttled and k > 1 and s.parallel[i] and not s.devices[d].is_gpu:
+            # no longer faster than one thread, plus waking the sleeping team
+            t1 = s.time_and_demand(i, d, 1)[0] * (self._noise[i] if self._noise is not None else 1.0)
+            t_alone = max(t_alone, t1) + s.team_s
+        last_threads = self._last_threads
+        if last_threads is not None and not s.devices[d].is_gpu:
+            if k == 1:
+                last_threads[d] = 1  # no parallel region: the team's helpers go idle
+            elif s.parallel[i]:
+                if last_threads[d] != k:
+                    t_alone += s.switch_s  # wake (or resize) the team
+                last_threads[d] = k
+        return t_alone
 
     def _begin(self, i: int) -> None:
         """Op ``i``'s data is on its device: it starts computing."""
@@ -601,7 +649,22 @@ class SimBackend(Backend):
         rank = [0] * n
         for r, i in enumerate(order):
             rank[i] = r
-        st = SimState(s, after=after, noise=noise)
+        st = self._dispatch(s, dev, thr, order, rank, after, noise, False)
+        throttled = False
+        if s.team_s > 0.0 and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)) \
+                and _team_holders(st, s, rank) > 1:
+            # several executor threads hold OpenMP teams: priced as the runtime runs them
+            st = self._dispatch(s, dev, thr, order, rank, after, noise, True)
+            throttled = True
+        meta = {"omp_throttled": True} if throttled else {}
+        return st.trace("sim", model=getattr(self.model, "name", type(self.model).__name__),
+                        noise=self.noise, policy=plan.policy, **meta)
+
+    @staticmethod
+    def _dispatch(s: SimStatic, dev: list[int], thr: list[int], order: list[int], rank: list[int],
+                  after: list[tuple[int, ...]] | None, noise: list[float] | None, throttled: bool) -> SimState:
+        """The plan semantics' greedy dispatch loop, to the end of the run."""
+        st = SimState(s, after=after, noise=noise, omp_throttled=throttled)
         queues: list[list[int]] = [[] for _ in range(s.n_dev)]
         free = st.free
         while True:
@@ -622,10 +685,47 @@ class SimBackend(Backend):
                     else:
                         j += 1
             if st.done:
-                break
+                return st
             st.advance()
-        return st.trace("sim", model=getattr(self.model, "name", type(self.model).__name__),
-                        noise=self.noise, policy=plan.policy)
+
+
+def _team_holders(st: SimState, s: SimStatic, rank: Sequence[int]) -> int:
+    """How many executor threads of a real runtime would hold an OpenMP team
+    in this finished simulation (CPU ops only: OpenMP teams are per process).
+
+    The runtime's executors (``backends/torch_cpu.py``): the worker that
+    finishes an op dispatches what became ready and keeps the first op for
+    itself; other ops started then take an idle worker (the lowest), else a
+    new one.  A worker gets its own team with its first multi-threaded op
+    that enters a parallel region, and keeps it (the pool persists across
+    runs, so the warm-up runs leave the same teams)."""
+    cpu = [i for i in range(s.n) if not s.devices[st.device[i]].is_gpu]
+    if not cpu:
+        return 0
+    times = sorted({st.dispatch_time[i] for i in cpu} | {st.end_time[i] for i in cpu})
+    starts: dict[float, list[int]] = {}
+    ends: dict[float, list[int]] = {}
+    for i in cpu:
+        starts.setdefault(st.dispatch_time[i], []).append(i)
+        ends.setdefault(st.end_time[i], []).append(i)
+    worker = [-1] * s.n
+    idle: list[int] = []
+    n_workers = 0
+    holders: set[int] = set()
+    for t in times:
+        freed = [worker[i] for i in sorted(ends.get(t, ()))]
+        for i in sorted(starts.get(t, ()), key=lambda i: rank[i]):
+            if freed:
+                w = freed.pop(0)
+            elif idle:
+                w = idle.pop(0)
+            else:
+                w, n_workers = n_workers, n_workers + 1
+            worker[i] = w
+            if st.threads[i] > 1 and s.parallel[i]:
+                holders.add(w)
+        idle = sorted(idle + freed)
+    return len(holders)
 
 
 # ----------------------------------------------------------- lower bound

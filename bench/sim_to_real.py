@@ -15,11 +15,20 @@ wide, small ops co-running); random plans (random threads and priorities).
 Simulated: :class:`~opsched.backends.sim.SimBackend` with the performance
 model fitted on the cached profiles (``FittedModel.from_cache``), reported
 *raw* and *runtime-calibrated* (:class:`~opsched.backends.fitted.RuntimeCalibration`:
-the real runtime's per-op dispatch cost and the co-run slowdown, which the
-per-op profile cannot see).  The calibration is fitted on the measurements
+what running a whole plan adds to ops profiled alone in a loop - the
+executor's per-op cost, weights and activations no longer in the caches,
+waking an idle OpenMP team, the interpreter lock and co-run slowdown, and
+the cost of several executor threads holding OpenMP teams; see
+:func:`fit_calibration`).  The calibration is fitted on the measurements
 of the *other* models only (leave one model out), so no model's figures come
 from a fit to its own measurements; the fit on all models is saved for
 other tools (``runs/bench/sim_to_real_calibration.json``).
+
+The measurements are saved as soon as they are taken
+(``sim_to_real_raw.json``: per plan the samples, per-op durations of
+``DETAIL_PLANS``, the plans' digests); ``--from-raw FILE`` re-analyses such a
+file (or a full ``sim_to_real.json``) without measuring, provided the plans -
+made from the cached profiles - are still the same (checked by digest).
 
 Measured: :class:`~opsched.backends.torch_cpu.TorchCPUBackend` ``meta['wall_s']``
 in a subprocess per model started with :func:`recommended_env` (glibc's
@@ -31,6 +40,7 @@ machine inflates errors, so the load average is part of the figures.
     python bench/sim_to_real.py              # writes runs/bench/sim_to_real.{json,md,png}
     python bench/sim_to_real.py --quick      # fewer rounds (smoke run)
     python bench/sim_to_real.py --models resnet50,lstm --rounds 15
+    python bench/sim_to_real.py --from-raw runs/bench/sim_to_real_raw.json --out /tmp/s2r   # re-analysis
 """
 
 from __future__ import annotations
@@ -130,6 +140,14 @@ def make_plans(graph: Any, machine: Any, model: Any, n_plans: int = 24, seed: in
     return plans
 
 
+def plan_digest(plan: Any) -> str:
+    """A short hash of a plan's assignments (what was measured must be what is simulated)."""
+    import hashlib
+
+    ops = plan.to_dict()["ops"]
+    return hashlib.sha1(json.dumps(ops, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def simulate(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> dict[str, float]:
     """Simulated makespan (seconds) of every plan."""
     from opsched.backends.sim import SimBackend
@@ -139,91 +157,178 @@ def simulate(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> 
 
 
 # ================================================================ measurement
+def _child_run(machine: Any, graph: Any, plan: Any, warmup: int, reps: int, detail: bool, fd: int) -> None:
+    """In a forked child: warm up, time ``reps`` runs of ``plan``, write JSON to ``fd``, exit."""
+    try:
+        from opsched.backends.torch_cpu import TorchCPUBackend
+
+        be = TorchCPUBackend(machine)
+        for _ in range(warmup):
+            be.run(graph, plan)
+        walls, busy, ops = [], [], []
+        for _ in range(reps):
+            tr = be.run(graph, plan)
+            walls.append(float(tr.meta["wall_s"]))
+            busy.append(float(sum(e.end - e.start for e in tr.events)))
+            if detail:
+                ops.append({e.op: e.end - e.start for e in tr.events})
+        out: dict[str, Any] = {"wall": float(np.median(walls)), "busy": float(np.median(busy))}
+        if detail:
+            out["ops"] = {k: float(np.median([o[k] for o in ops])) for k in ops[0]}
+        data = json.dumps(out).encode()
+    except BaseException as exc:  # reported by the parent, never lost
+        import traceback
+
+        data = json.dumps({"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"}).encode()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os._exit(0)  # no atexit handlers, no finalizers of the parent's objects
+
+
+def run_forked(machine: Any, graph: Any, plan: Any, warmup: int, reps: int, detail: bool,
+               timeout_s: float = 120.0) -> dict[str, Any]:
+    """Measure ``plan`` in a child forked from this process (see :func:`worker_main` for why)."""
+    import select
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _child_run(machine, graph, plan, warmup, reps, detail, w)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                raise RuntimeError(f"plan {plan.policy!r}: the measuring child ran past {timeout_s:.0f} s")
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    out = json.loads(b"".join(chunks) or b'{"error": "the measuring child died without a result"}')
+    if "error" in out:
+        raise RuntimeError(f"plan {plan.policy!r}: {out['error']}")
+    return out
+
+
 def worker_main(args: argparse.Namespace) -> None:
-    """In the measurement subprocess: run every plan of ``args.plans`` on the
-    real runtime, interleaved, and write ``{plan: [wall seconds per round]}``."""
+    """In the measurement subprocess: measure every plan of every model, interleaved.
+
+    Each measurement runs in a child forked from this process: warm-up runs,
+    then ``--reps`` timed runs, whose median is one sample.  Why a fresh child:
+    the runtime's state carries over between plans in one process - every
+    executor thread that runs a multi-threaded op gets its own OpenMP team,
+    and once a process holds more OpenMP threads than cores, libgomp stops
+    spin-waiting, so later multi-threaded ops in that process run several
+    times slower (measured here: a 2-thread inline plan 1.5-3x slower after
+    any plan that ran 2-thread ops on executor threads).  A plan deployed
+    alone does not pay for the plans measured before it.  This process stays
+    at one intra-op thread, so it never starts an OpenMP team of its own.
+
+    Rounds visit every (model, plan) in turn - all models, so slow drift of
+    the machine hits every model alike - starting further along each round.
+    A sample taken while other processes used more than ``--quiet-cores``
+    cores is taken again at the end of the round (after ``--settle-s``), up
+    to ``--max-tries`` times while the measurement is within ``--budget-s``;
+    the least contended attempt is kept."""
     import torch
 
+    torch.set_num_threads(1)  # before any op runs: no OpenMP team in the parent of the forks
+    torch.set_grad_enabled(False)
     from opsched.backends.interference import ContentionMeter
-    from opsched.backends.torch_cpu import TorchCPUBackend
     from opsched.machine import Machine
     from opsched.models import load_graph
     from opsched.plan import Plan
 
-    torch.set_grad_enabled(False)
     machine = Machine.probe()
-    graph = load_graph(f"zoo:{args.worker}")
-    plans = {p.stem: Plan.load(p) for p in sorted(Path(args.plans).glob("*.json"))}
-    names = list(plans)
-    walls: dict[str, list[float]] = {k: [] for k in names}
-    busy: dict[str, list[float]] = {k: [] for k in names}
-    detail = [k for k in DETAIL_PLANS if k in plans]  # per-op durations kept for these (diagnosis)
-    op_times: dict[str, dict[str, list[float]]] = {k: {op.id: [] for op in graph.ops} for k in detail}
-    others: list[float] = []
+    graphs, plans = {}, {}
+    for d in sorted(Path(args.plans).iterdir()):
+        graphs[d.name] = load_graph(f"zoo:{d.name}")
+        plans[d.name] = {p.stem: Plan.load(p) for p in sorted(d.glob("*.json"))}
+        for p in plans[d.name].values():
+            p.validate(graphs[d.name], machine)  # fingerprints: the worker's graph is the parent's graph
+    pairs = [(m, p) for m in plans for p in plans[m]]
+    out: dict[str, Any] = {m: {"walls": {p: [] for p in ps}, "busy": {p: [] for p in ps},
+                               "others": {p: [] for p in ps}, "op_durations": {}} for m, ps in plans.items()}
+    op_times: dict[tuple[str, str], dict[str, list[float]]] = {
+        (m, p): {op.id: [] for op in graphs[m].ops} for m, p in pairs if p in DETAIL_PLANS}
     load0 = os.getloadavg()
     t_start = time.perf_counter()
-    with TorchCPUBackend(machine) as be:
-        for p in plans.values():
-            p.validate(graph, machine)  # fingerprints: the worker's graph is the parent's graph
-        for _ in range(args.warmup):
-            for name in names:
-                be.run(graph, plans[name])
-        r = quiet = 0
-        while quiet < args.rounds and r < 4 * args.rounds:
-            order = names[r % len(names):] + names[: r % len(names)]
-            durations: dict[str, list[tuple[str, float]]] = {}
-            with ContentionMeter() as meter:
-                for name in order:
-                    tr = be.run(graph, plans[name])
-                    walls[name].append(float(tr.meta["wall_s"]))
-                    busy[name].append(float(sum(e.end - e.start for e in tr.events)))
-                    if name in op_times:
-                        durations[name] = [(e.op, e.end - e.start) for e in tr.events]
-            others.append(meter.others_cores)
-            r += 1
-            if meter.others_cores <= args.quiet_cores or quiet == 0:
-                for name, evs in durations.items():
-                    for op, t in evs:
-                        op_times[name][op].append(t)
-            if meter.others_cores <= args.quiet_cores:
-                quiet += 1
-            else:
-                time.sleep(args.settle_s)  # let another process's burst pass before the next round
-            print(json.dumps({"round": min(quiet, args.rounds)}), flush=True)
-            if r >= args.min_rounds and time.perf_counter() - t_start > args.budget_s:
-                break
-    out = {"walls": walls, "busy": busy, "others_cores": others, "loadavg_start": load0,
-           "loadavg_end": os.getloadavg(), "elapsed_s": time.perf_counter() - t_start,
-           "rounds": len(others), "quiet_cores": args.quiet_cores, "torch": torch.__version__,
-           "op_durations": {k: {op: float(np.median(v)) for op, v in d.items()} for k, d in op_times.items()}}
-    Path(args.result).write_text(json.dumps(out))
+    retries = kept_busy = rounds = 0
+    for r in range(args.rounds):
+        shift = (r * len(pairs)) // max(1, args.rounds)
+        pending = [(pair, 0) for pair in pairs[shift:] + pairs[:shift]]
+        best: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        while pending:
+            (m, p), tries = pending.pop(0)
+            with ContentionMeter(children=True) as meter:
+                res = run_forked(machine, graphs[m], plans[m][p], args.warmup, args.reps, (m, p) in op_times)
+            if (m, p) not in best or meter.others_cores < best[(m, p)][0]:
+                best[(m, p)] = (meter.others_cores, res)
+            if (meter.others_cores > args.quiet_cores and tries + 1 < args.max_tries
+                    and time.perf_counter() - t_start < args.budget_s):  # past the budget: no more retries
+                retries += 1
+                pending.append(((m, p), tries + 1))
+                time.sleep(args.settle_s)  # let another process's burst pass
+        for (m, p), (others, res) in best.items():
+            o = out[m]
+            o["walls"][p].append(res["wall"])
+            o["busy"][p].append(res["busy"])
+            o["others"][p].append(others)
+            kept_busy += others > args.quiet_cores
+            if (m, p) in op_times:
+                for op, t in res["ops"].items():
+                    op_times[(m, p)][op].append(t)
+        rounds += 1
+        print(json.dumps({"round": rounds}), flush=True)
+        if rounds >= args.min_rounds and time.perf_counter() - t_start > args.budget_s:
+            break
+    for (m, p), d in op_times.items():
+        out[m]["op_durations"][p] = {op: float(np.median(v)) for op, v in d.items()}
+    Path(args.result).write_text(json.dumps({
+        "models": out, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+        "elapsed_s": time.perf_counter() - t_start, "rounds": rounds, "retries": retries,
+        "samples_not_quiet": kept_busy, "quiet_cores": args.quiet_cores, "reps": args.reps,
+        "max_tries": args.max_tries,
+        "warmup": args.warmup, "torch": torch.__version__}))
 
 
-def measure(model_name: str, plans: Mapping[str, Any], args: argparse.Namespace,
-            on_round: Any = None) -> dict[str, Any]:
-    """Run the worker subprocess for one model (see :func:`worker_main`)."""
+def measure(plans: Mapping[str, Mapping[str, Any]], args: argparse.Namespace, on_round: Any = None
+            ) -> dict[str, Any]:
+    """Run the measurement worker (see :func:`worker_main`) on ``{model: {name: plan}}``."""
     from opsched.backends.torch_cpu import recommended_env
 
     with tempfile.TemporaryDirectory(prefix="sim_to_real_") as tmp:
         pdir = Path(tmp) / "plans"
-        pdir.mkdir()
-        for name, p in plans.items():
-            p.save(pdir / f"{name}.json")
+        for m, ps in plans.items():
+            (pdir / m).mkdir(parents=True)
+            for name, p in ps.items():
+                p.save(pdir / m / f"{name}.json")
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model_name, "--plans", str(pdir),
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--plans", str(pdir),
                "--rounds", str(args.rounds), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
-               "--quiet-cores", str(args.quiet_cores), "--settle-s", str(args.settle_s), "--result", str(result)]
+               "--quiet-cores", str(args.quiet_cores), "--settle-s", str(args.settle_s), "--reps", str(args.reps),
+               "--max-tries", str(args.max_tries),
+               "--result", str(result)]
         env = {**os.environ, **recommended_env(), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{") and on_round is not None:
-                on_round(json.loads(line).get("round", 0))
-        err = proc.stderr.read() if proc.stderr else ""
-        if proc.wait() != 0:
-            raise RuntimeError(f"measurement worker for {model_name!r} failed (exit {proc.returncode}):\n"
-                               + err[-3000:])
+        with tempfile.TemporaryFile(mode="w+") as err:
+            proc = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("{") and on_round is not None:
+                    on_round(json.loads(line).get("round", 0))
+            if proc.wait() != 0:
+                err.seek(0)
+                raise RuntimeError(f"the measurement worker failed (exit {proc.returncode}):\n" + err.read()[-3000:])
         return json.loads(result.read_text())
 
 
@@ -253,9 +358,10 @@ def scores(simulated: Sequence[float], measured: Sequence[float]) -> dict[str, f
 
 # ================================================================ calibration
 #: Grids for the co-run terms of the runtime calibration (seconds of GIL-held
-#: host time per op; flat co-run slowdown).
-HOST_GRID = (0.0, 2e-6, 4e-6, 6e-6, 8e-6, 12e-6, 16e-6, 24e-6)
-C0_GRID = (0.0, 0.05, 0.1, 0.2, 0.35)
+#: host time per op; flat co-run slowdown; OpenMP team overhead per multi-threaded op).
+HOST_GRID = (0.0, 2e-6, 4e-6, 6e-6, 8e-6, 12e-6, 16e-6, 24e-6, 32e-6, 48e-6, 64e-6, 96e-6)
+C0_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+TEAM_GRID = (0.0, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 600e-6, 800e-6, 1000e-6)
 
 
 @dataclass
@@ -267,23 +373,25 @@ class ModelRun:
     plans: dict[str, Any]
     sim_raw: dict[str, float]
     serial: dict[str, bool]  # the plan never co-runs two ops (its raw simulated trace has no overlap)
-    walls: dict[str, list[float]]
-    busy: dict[str, list[float]]
-    worker: dict[str, Any]
-
-    @property
-    def used_rounds(self) -> list[int]:
-        """The rounds the figures use: the quiet ones when there are at least 3, else all."""
-        others = self.worker["others_cores"]
-        limit = self.worker.get("quiet_cores", QUIET_CORES)
-        quiet = [i for i, o in enumerate(others) if o <= limit]
-        return quiet if len(quiet) >= 3 else list(range(len(others)))
-
-    def samples(self, plan: str) -> list[float]:
-        return [self.walls[plan][i] for i in self.used_rounds]
+    switches: dict[str, int]  # OpenMP team wake-ups of a serial plan (team_wakes)
+    cold: np.ndarray  # per op, weight bytes it is the first of the run to read (fitted.cold_weight_bytes)
+    act: np.ndarray  # per op, activation bytes it reads and writes (bytes_total - param_bytes)
+    op_raw: dict[str, np.ndarray]  # DETAIL_PLANS: per op, the raw model's time at the plan's thread count
+    op_measured: dict[str, np.ndarray]  # DETAIL_PLANS: per op, the measured duration in the run (median)
+    walls: dict[str, list[float]]  # per plan, one sample per round (seconds)
+    busy: dict[str, list[float]]  # per plan, the sum of op durations of the same samples
+    others: dict[str, list[float]]  # per plan, other processes' cores during each sample
 
     def measured(self, plan: str) -> float:
-        return float(np.median(self.samples(plan)))
+        return float(np.median(self.walls[plan]))
+
+    def group(self, plan: str) -> str:
+        """``serial`` (never co-runs), ``corun-1t`` (co-runs, every op one thread)
+        or ``corun-mt`` (co-runs and has multi-threaded ops)."""
+        if self.serial[plan]:
+            return "serial"
+        multi = any(a.threads > 1 for a in self.plans[plan].assignments.values())
+        return "corun-mt" if multi else "corun-1t"
 
 
 def never_coruns(trace: Any) -> bool:
@@ -301,81 +409,183 @@ def _log_err(sim: float, real: float) -> float:
     return abs(float(np.log(sim / real)))
 
 
-def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any, hosts: Sequence[float] = HOST_GRID,
-                    c0s: Sequence[float] = C0_GRID) -> Any:
-    """The :class:`RuntimeCalibration` that best explains ``runs``' measurements
-    (mean absolute log error), in two steps: the per-op overhead from the plans
-    that never co-run (where the simulated makespan is the sum of op times, so
-    it enters as ``n_ops * overhead``), then the GIL host time and the flat
-    co-run slowdown on a grid, from the co-running plans."""
-    from scipy.optimize import minimize_scalar
+def team_wakes(graph: Any, trace: Any) -> int:
+    """How many ops of a serial trace wake an idle OpenMP team (what
+    ``RuntimeCalibration.thread_switch_s`` prices, as :class:`SimBackend`
+    counts it): multi-threaded ops entering a parallel region after an op that
+    used no team of that size."""
+    from opsched.backends.fitted import CalibratedModel
+
+    ops = {op.id: op for op in graph.ops}
+    last, n = 0, 0
+    for e in sorted(trace.events, key=lambda e: e.start):
+        if e.threads == 1:
+            last = 1
+        elif CalibratedModel.opens_parallel_region(ops[e.op]):
+            n += last != e.threads
+            last = e.threads
+    return n
+
+
+def op_level_rows(run: ModelRun, plan: str) -> tuple[np.ndarray, ...]:
+    """Per op of a DETAIL plan: raw time, cold weight bytes, activation bytes, measured duration."""
+    return run.op_raw[plan], run.cold, run.act, run.op_measured[plan]
+
+
+def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
+    """The :class:`RuntimeCalibration` that best explains ``runs``' measurements,
+    term by term, each from the measurements it alone affects:
+
+    1. op by op, in the plans whose per-op durations were kept (``DETAIL_PLANS``,
+       serial): ``duration = insitu_factor * t + o + cold_byte_s * cold_bytes +
+       act_byte_s * activation_bytes`` (robust least squares on absolute
+       errors relative to the plan's total, so long ops weigh as they weigh in a
+       makespan); the executor's own cost between ops is the median of ``(wall
+       - sum of durations) / n_ops``; ``op_overhead_s`` is ``o`` plus it;
+    2. plans that never co-run (a makespan is then a sum over ops): the team
+       wake-up cost ``thread_switch_s`` per :func:`team_wakes`, minimising
+       absolute log errors (1-D, bounded);
+    3. co-running plans of one-thread ops: the GIL host time and the flat
+       co-run slowdown, by coordinate search on grids (simulated);
+    4. co-running plans with multi-threaded ops: the OpenMP team overhead,
+       on a grid (simulated)."""
+    from scipy.optimize import least_squares, minimize_scalar
 
     from opsched.backends.fitted import CalibratedModel, RuntimeCalibration
 
-    serial = [(r.sim_raw[p], len(r.graph.ops), r.measured(p)) for r in runs for p in r.plans if r.serial[p]]
-    if serial:
-        res = minimize_scalar(lambda o: sum(_log_err(s + n * o, m) for s, n, m in serial),
-                              bounds=(0.0, 2e-4), method="bounded", options={"xatol": 1e-8})
-        overhead = float(res.x)
-    else:
-        overhead = 0.0
-    corun = [(r, p) for r in runs for p in r.plans if not r.serial[p]]
-    names = tuple(r.name for r in runs)
-    best = (np.inf, 0.0, 0.0)
-    if corun:
-        for h in hosts:
-            for c in c0s:
-                model = CalibratedModel(base, RuntimeCalibration(overhead, h, c))
-                err = 0.0
-                for r in runs:
-                    ps = {p: r.plans[p] for p in r.plans if not r.serial[p]}
-                    sims = simulate(r.graph, machine, model, ps)
-                    err += sum(_log_err(sims[p], r.measured(p)) for p in ps)
-                if err < best[0] - 1e-12:
-                    best = (err, h, c)
-    return RuntimeCalibration(overhead, best[1], best[2], fitted_on=names)
+    alpha, o_in, cold, act, gap = 1.0, 0.0, 0.0, 0.0, 0.0
+    detail = [(r, p) for r in runs for p in r.op_measured if p in r.op_raw and r.serial.get(p, False)]
+    if detail:
+        parts = [op_level_rows(r, p) for r, p in detail]
+        scale = np.array([1.0, 1e-5, 1e-10, 1e-10])  # units: 10 us; seconds per byte at 10 GB/s
+
+        def resid(x: np.ndarray) -> np.ndarray:
+            a, o, b, g = x * scale
+            return np.concatenate([(a * t + o + b * c + g * ac - y) / y.sum() * np.sqrt(len(y))
+                                   for t, c, ac, y in parts])
+
+        fit = least_squares(resid, x0=np.array([1.0, 0.5, 0.5, 0.1]), bounds=([0.3, 0.0, 0.0, 0.0],
+                            [3.0, 20.0, 10.0, 10.0]), loss="soft_l1", f_scale=0.01)
+        alpha, o_in, cold, act = (float(v) for v in fit.x * scale)
+        gap = max(0.0, float(np.median([(r.measured(p) - r.op_measured[p].sum()) / len(r.op_measured[p])
+                                        for r, p in detail])))
+    overhead = o_in + gap
+
+    switch = 0.0
+    serial = [(r, p) for r in runs for p in r.plans if r.serial[p]]
+    if any(r.switches[p] for r, p in serial):
+        base_s = np.array([alpha * r.sim_raw[p] + len(r.graph.ops) * overhead + cold * r.cold.sum()
+                           + act * r.act.sum() for r, p in serial])
+        n_sw = np.array([r.switches[p] for r, p in serial], dtype=float)
+        real = np.array([r.measured(p) for r, p in serial])
+        res = minimize_scalar(lambda w: float(np.abs(np.log((base_s + n_sw * w) / real)).sum()),
+                              bounds=(0.0, 500e-6), method="bounded", options={"xatol": 1e-7})
+        switch = float(res.x)
+
+    def cal(h: float, c: float, team: float) -> Any:
+        return RuntimeCalibration(overhead, h, c, insitu_factor=alpha, thread_switch_s=switch,
+                                  team_overhead_s=team, cold_byte_s=cold, act_byte_s=act,
+                                  fitted_on=tuple(r.name for r in runs))
+
+    def err(group: str, h: float, c: float, team: float) -> float:
+        model = CalibratedModel(base, cal(h, c, team))
+        total = 0.0
+        for r in runs:
+            ps = {p: r.plans[p] for p in r.plans if r.group(p) == group}
+            if ps:
+                sims = simulate(r.graph, machine, model, ps)
+                total += sum(_log_err(sims[p], r.measured(p)) for p in ps)
+        return total
+
+    h = c = team = 0.0
+    if any(r.group(p) == "corun-1t" for r in runs for p in r.plans):
+        for _ in range(2):  # coordinate search
+            h = _argmin_1d(lambda x, c=c: err("corun-1t", x, c, 0.0), HOST_GRID)
+            c = _argmin_1d(lambda x, h=h: err("corun-1t", h, x, 0.0), C0_GRID)
+    if any(r.group(p) == "corun-mt" for r in runs for p in r.plans):
+        team = _argmin_1d(lambda x: err("corun-mt", h, c, x), TEAM_GRID)
+    return cal(h, c, team)
+
+
+def _argmin_1d(f: Any, grid: Sequence[float]) -> float:
+    """The grid point minimising ``f`` (first on ties)."""
+    vals = [f(x) for x in grid]
+    return float(grid[int(np.argmin(vals))])
 
 
 # ====================================================================== runs
+def reused_digests(data: Mapping[str, Any], model: str) -> dict[str, str | None]:
+    """``{plan: digest}`` of ``model`` in an earlier raw file (``digests``) or full report (``rows``)."""
+    if "digests" in data:
+        return dict(data["digests"].get(model, {}))
+    return {x["plan"]: x.get("digest") for x in data.get("rows", []) if x["model"] == model}
+
+
 def collect(models: Sequence[str], machine: Any, fitted: Any, args: argparse.Namespace,
-            reuse: Mapping[str, Any] | None = None) -> list[ModelRun]:
-    """Plans, raw simulations and measurements of every model (a rich progress bar).
-    ``reuse``: rows of an earlier report to take the measurements from instead."""
+            reuse: Mapping[str, Any] | None = None, raw_path: Path | None = None
+            ) -> tuple[list[ModelRun], dict[str, Any]]:
+    """Plans, raw simulations and measurements of every model (a rich progress bar),
+    and the measurement worker's record, saved to ``raw_path`` as soon as it is
+    taken.  ``reuse``: an earlier raw file or report to take the measurements
+    from instead (it must hold exactly these plans, checked by digest)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from opsched.backends.fitted import cold_weight_bytes
     from opsched.backends.sim import SimBackend
     from opsched.models import load_graph
 
     sim = SimBackend(machine, model=fitted)
-    runs = []
+    prepared = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn()) as bar:
-        task = bar.add_task("sim-to-real", total=len(models) * (args.rounds + 1))
+        task = bar.add_task("sim-to-real", total=len(models) + args.rounds)
         for m in models:
             bar.update(task, description=f"{m}: plans + simulation")
             graph = load_graph(f"zoo:{m}")
             plans = make_plans(graph, machine, fitted, args.plans_per_model)
             traces = {name: sim.run(graph, p) for name, p in plans.items()}
-            sim_raw = {name: float(t.makespan) for name, t in traces.items()}
             serial = {name: never_coruns(t) for name, t in traces.items()}
-            bar.update(task, advance=1, description=f"{m}: measuring {len(plans)} plans")
-            if reuse is not None:
-                old = reuse["models"].get(m)
-                if old is None or set(old["walls"]) != set(plans):
-                    raise SystemExit(f"--reuse: {m!r} has no measurements of these plans in the report")
-                meas = old
-            else:
-                done = [0]
+            prepared.append((m, graph, plans, {name: float(t.makespan) for name, t in traces.items()}, serial,
+                             {name: team_wakes(graph, t) if serial[name] else 0 for name, t in traces.items()},
+                             {name: _op_times(graph, t) for name, t in traces.items() if name in DETAIL_PLANS}))
+            bar.update(task, advance=1)
+        if reuse is not None:
+            for m, _, plans, *_ in prepared:
+                digests = reused_digests(reuse, m)
+                if m not in reuse["measurement"]["models"] or digests != {k: plan_digest(p) for k, p in plans.items()}:
+                    raise SystemExit(f"--from-raw: the file has no measurements of exactly these {m!r} plans "
+                                     "(a different performance model or profile cache makes different plans)")
+            meas = reuse["measurement"]
+        else:
+            bar.update(task, description=f"measuring {sum(len(x[2]) for x in prepared)} plans in rounds")
+            meas = measure({m: plans for m, _, plans, *_ in prepared}, args,
+                           lambda r: bar.update(task, completed=len(models) + r))
+            if raw_path is not None:  # before any analysis: a failed fit never loses a measurement
+                from opsched.io import atomic_write_text
 
-                def on_round(r: int, done: list[int] = done) -> None:
-                    bar.update(task, advance=r - done[0])
-                    done[0] = r
+                raw_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(raw_path, json.dumps({
+                    "format": "sim_to_real_raw/2", "measurement": meas,
+                    "digests": {m: {k: plan_digest(p) for k, p in plans.items()} for m, _, plans, *_ in prepared},
+                    "rows": [{"model": m, "plan": k, "measured_s": float(np.median(meas["models"][m]["walls"][k])),
+                              "simulated_raw_s": sim_raw[k]}
+                             for m, _, plans, sim_raw, *_ in prepared for k in plans]}, indent=1))
+        bar.update(task, completed=len(models) + args.rounds, description="fitting the calibration")
+    runs = []
+    for m, graph, plans, sim_raw, serial, switches, op_raw in prepared:
+        got = meas["models"][m]
+        act = np.array([max(0.0, op.bytes_total - op.param_bytes) for op in graph.ops])
+        op_measured = {p: np.array([d[op.id] for op in graph.ops]) for p, d in got.get("op_durations", {}).items()
+                       if p in op_raw and all(op.id in d for op in graph.ops)}
+        runs.append(ModelRun(m, graph, plans, sim_raw, serial, switches, cold_weight_bytes(graph), act, op_raw,
+                             op_measured, got["walls"], got["busy"], got["others"]))
+    return runs, meas
 
-                meas = measure(m, plans, args, on_round)
-            bar.update(task, completed=(models.index(m) + 1) * (args.rounds + 1))
-            runs.append(ModelRun(m, graph, plans, sim_raw, serial, meas["walls"], meas["busy"],
-                                 {k: v for k, v in meas.items() if k not in ("walls", "busy")}))
-    return runs
+
+def _op_times(graph: Any, trace: Any) -> np.ndarray:
+    """Per op (graph order), its duration in ``trace``."""
+    d = {e.op: e.end - e.start for e in trace.events}
+    return np.array([d[op.id] for op in graph.ops])
 
 
 def analyse(runs: Sequence[ModelRun], machine: Any, fitted: Any) -> dict[str, Any]:
@@ -390,11 +600,12 @@ def analyse(runs: Sequence[ModelRun], machine: Any, fitted: Any) -> dict[str, An
         calibrations[r.name] = cal.to_dict() if cal is not None else None
         sims = simulate(r.graph, machine, CalibratedModel(fitted, cal), r.plans) if cal is not None else {}
         for p in r.plans:
-            w = r.samples(p)
+            w = r.walls[p]
             rows.append({"model": r.name, "plan": p, "ops": len(r.graph.ops), "serial": r.serial[p],
+                         "group": r.group(p), "digest": plan_digest(r.plans[p]),
                          "measured_s": float(np.median(w)), "measured_q1_s": float(np.percentile(w, 25)),
                          "measured_q3_s": float(np.percentile(w, 75)),
-                         "busy_s": float(np.median([r.busy[p][i] for i in r.used_rounds])),
+                         "busy_s": float(np.median(r.busy[p])), "samples": len(w),
                          "simulated_raw_s": r.sim_raw[p], "simulated_s": sims.get(p, float("nan"))})
     cal_all = fit_calibration(runs, machine, fitted)
 
@@ -407,11 +618,7 @@ def analyse(runs: Sequence[ModelRun], machine: Any, fitted: Any) -> dict[str, An
         per_model[r.name] = {"raw": score(sel, "simulated_raw_s"),
                              "calibrated": score(sel, "simulated_s") if len(runs) > 1 else None,
                              "calibration": calibrations[r.name],
-                             "others_cores_median": float(np.median([r.worker["others_cores"][i]
-                                                                     for i in r.used_rounds])),
-                             "rounds": r.worker["rounds"], "rounds_used": len(r.used_rounds),
-                             "loadavg_start": r.worker["loadavg_start"],
-                             "loadavg_end": r.worker["loadavg_end"]}
+                             "others_cores_median": float(np.median([c for v in r.others.values() for c in v]))}
     pooled = {"raw": score(rows, "simulated_raw_s"),
               "calibrated": score(rows, "simulated_s") if len(runs) > 1 else None}
     for key in ("raw", "calibrated"):
@@ -437,6 +644,14 @@ def _met(s: Mapping[str, float] | None) -> str:
     return "**met**" if ok else "missed"
 
 
+def describe_calibration(c: Mapping[str, Any]) -> str:
+    return (f"x{c['insitu_factor']:.2f} + {c['op_overhead_s'] * 1e6:.1f} us/op, team wake "
+            f"{c['thread_switch_s'] * 1e6:.0f} us, cold weights "
+            f"{1e-9 / c['cold_byte_s'] if c['cold_byte_s'] > 0 else float('inf'):.1f} GB/s, activations "
+            f"{1e-9 / c['act_byte_s'] if c['act_byte_s'] > 0 else float('inf'):.0f} GB/s, "
+            f"host {c['host_s'] * 1e6:.0f} us, c0 {c['corun_c0']:.2f}, team {c['team_overhead_s'] * 1e6:.0f} us")
+
+
 def write_markdown(res: Mapping[str, Any], path: Path) -> None:
     la0, la1 = res["loadavg_start"], res["loadavg_end"]
     lines = [
@@ -445,15 +660,23 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
         f"`{res['command']}` on {res['machine']}; torch {res['torch']}; {res['elapsed_s']:.0f} s. "
         f"Load average (1/5/15 min) {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f} at start, "
         f"{la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f} at end; other processes used a median "
-        f"{res['others_cores_median']:.2f} of the {res['cores']} cores during the rounds used.",
+        f"{res['others_cores_median']:.2f} of the {res['cores']} cores during the samples.",
         "",
-        f"Measured: `TorchCPUBackend` wall time, median over up to {res['rounds']} *quiet* interleaved rounds "
-        f"(other processes used <= {res['quiet_cores']} cores; all rounds when fewer than 3 were quiet; "
-        f"rounds used per model: {', '.join(f'{k} {v}' for k, v in res['rounds_used'].items())}) after "
-        f"{res['warmup']} warm-up runs, one subprocess per model with `recommended_env()`. "
-        "Simulated: `SimBackend` with `FittedModel.from_cache` (*raw*), and with the runtime calibration "
-        "(`CalibratedModel`: per-op executor overhead, GIL host time, flat co-run slowdown) fitted on the "
-        "**other** models' measurements only (leave one model out; *calibrated*).",
+        f"Measured: `TorchCPUBackend` wall time (`meta['wall_s']`) in one worker process started with "
+        f"`recommended_env()`; {res['rounds']} rounds each visit every (model, plan), all models interleaved, and "
+        f"measure it in a fresh child forked from the worker ({res['warmup']} warm-up runs, then the median of "
+        f"{res['reps']} runs = one sample), so no plan inherits another's OpenMP teams; the figure is the median "
+        f"of the samples. A sample taken while other processes used more than {res['quiet_cores']} cores was "
+        f"taken again (up to {res.get('max_tries', 3)} times, the quietest kept): {res['retries']} retries, "
+        f"{res['samples_not_quiet']} "
+        "samples kept above the limit. "
+        f"Simulated: `SimBackend` with `FittedModel.from_cache` on `{res['profiles']}` (*raw*), and with the "
+        "runtime calibration (`CalibratedModel`: in-situ factor on op times, per-op executor overhead, "
+        "cold weights, activation traffic - fitted op by op on the per-op durations of seq-1t and seq-all -, "
+        "OpenMP team wake-up, GIL host time, flat co-run slowdown, throttled OpenMP teams - fitted on the plans "
+        "they affect) fitted on the "
+        "**other** models' measurements only (leave one model out; *calibrated*). Plan kinds: *serial* never "
+        "co-runs, *corun-1t* co-runs one-thread ops, *corun-mt* co-runs and has multi-threaded ops.",
         f"Targets: MdAPE <= {TARGET_MDAPE:.0%}, Spearman >= {TARGET_SPEARMAN}.",
         "",
         "| model | ops | plans | MdAPE raw | Spearman raw | MdAPE calibrated | Spearman calibrated | "
@@ -463,8 +686,7 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
     for m, v in res["per_model"].items():
         raw, cal, c = v["raw"], v["calibrated"], v["calibration"]
         ops = next(x["ops"] for x in res["rows"] if x["model"] == m)
-        cal_txt = (f"overhead {c['op_overhead_s'] * 1e6:.1f} us/op, host {c['host_s'] * 1e6:.0f} us, "
-                   f"c0 {c['corun_c0']:.2f}") if c else "-"
+        cal_txt = describe_calibration(c) if c else "-"
         lines.append(
             f"| {m} | {ops} | {raw['plans']} | {_pct(raw['mdape'])} | {raw['spearman']:.2f} | "
             + (f"{_pct(cal['mdape'])} | {cal['spearman']:.2f} | {_pct(cal['p90_ape'])} | {_met(cal)} | "
@@ -483,18 +705,17 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
         f"coefficients is {pr['spearman_per_model_median']:.2f} raw"
         + (f", {pc['spearman_per_model_median']:.2f} calibrated." if pc else "."),
         f"Calibration fitted on all models (saved to `sim_to_real_calibration.json` for other tools, "
-        f"not used for the figures above): overhead {ca['op_overhead_s'] * 1e6:.1f} us/op, host "
-        f"{ca['host_s'] * 1e6:.0f} us, c0 {ca['corun_c0']:.2f}.",
+        f"not used for the figures above): {describe_calibration(ca)}.",
         "",
     ]
     for m in res["per_model"]:
         lines += [f"## {m}", "",
-                  "| plan | co-runs | measured ms (q1-q3) | busy ms | sim raw ms | APE raw | sim cal. ms | APE cal. |",
+                  "| plan | kind | measured ms (q1-q3) | busy ms | sim raw ms | APE raw | sim cal. ms | APE cal. |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for x in (x for x in res["rows"] if x["model"] == m):
             me = x["measured_s"]
             lines.append(
-                f"| {x['plan']} | {'no' if x['serial'] else 'yes'} | {_ms(me)} ({_ms(x['measured_q1_s'])}-"
+                f"| {x['plan']} | {x['group']} | {_ms(me)} ({_ms(x['measured_q1_s'])}-"
                 f"{_ms(x['measured_q3_s'])}) | {_ms(x['busy_s'])} | {_ms(x['simulated_raw_s'])} | "
                 f"{_pct(abs(x['simulated_raw_s'] - me) / me)} | {_ms(x['simulated_s'])} | "
                 f"{_pct(abs(x['simulated_s'] - me) / me)} |")
@@ -551,24 +772,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(ZOO_MODELS), help="comma-separated zoo models")
     ap.add_argument("--plans-per-model", type=int, default=24, help="plans per model (at least 20)")
-    ap.add_argument("--rounds", type=int, default=0, help="measured rounds per plan (default 11; quick 5)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed runs of every plan first")
+    ap.add_argument("--rounds", type=int, default=0, help="measured rounds: samples per plan (default 5; quick 3)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs before each measurement")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per measurement (their median is one sample)")
     ap.add_argument("--budget-s", type=float, default=0.0,
-                    help="stop adding rounds for a model after this many seconds (default 80; quick 25)")
-    ap.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+                    help="start no further round after this many seconds of measuring (default 330; quick 90)")
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 1 warm-up + 2 runs (a smoke run)")
     ap.add_argument("--out", default=str(REPO / "runs" / "bench"), help="output folder")
-    ap.add_argument("--reuse", help="take the measurements from this earlier sim_to_real.json (re-analysis only)")
+    ap.add_argument("--profiles", default=str(REPO / "runs" / "profiles"),
+                    help="profile cache the fitted model is fitted on (default runs/profiles)")
+    ap.add_argument("--from-raw", "--reuse", dest="from_raw", metavar="FILE",
+                    help="re-analyse the measurements of an earlier run (its sim_to_real_raw.json or "
+                         "sim_to_real.json) instead of measuring; the plans must be the same")
     # internal: the measurement subprocess
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--plans", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--min-rounds", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--quiet-cores", type=float, default=QUIET_CORES,
                     help="a round counts as quiet when other processes used at most this many cores (default 0.3)")
-    ap.add_argument("--settle-s", type=float, default=1.0, help="pause after a round that was not quiet")
+    ap.add_argument("--settle-s", type=float, default=0.3, help="pause after a sample that was not quiet")
+    ap.add_argument("--max-tries", type=int, default=2,
+                    help="measurements of a plan per round at most when others are busy (the quietest is kept)")
     args = ap.parse_args(argv)
-    args.rounds = args.rounds or (5 if args.quick else 11)
-    args.budget_s = args.budget_s or (25.0 if args.quick else 80.0)
+    args.rounds = args.rounds or (3 if args.quick else 5)
+    args.budget_s = args.budget_s or (90.0 if args.quick else 330.0)
+    if args.quick:
+        args.warmup, args.reps = min(args.warmup, 1), min(args.reps, 2)
     if args.plans_per_model < 20 and not args.worker:
         ap.error("--plans-per-model must be at least 20 (the issue's target)")
     return args
@@ -587,31 +817,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown zoo model(s) {unknown}; choose from {', '.join(ZOO_MODELS)}", file=sys.stderr)
         return 2
-    reuse = json.loads(Path(args.reuse).read_text()) if args.reuse else None
+    reuse = None
+    if args.from_raw:
+        try:
+            reuse = json.loads(Path(args.from_raw).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"--from-raw {args.from_raw}: cannot read it ({exc})", file=sys.stderr)
+            return 2
+        if not isinstance(reuse, dict) or "measurement" not in reuse:
+            print(f"--from-raw {args.from_raw}: not a sim_to_real raw file or report (no 'measurement'); "
+                  "files of the old format (before the per-plan digests) cannot be re-analysed", file=sys.stderr)
+            return 2
     machine = Machine.probe()
-    fitted = FittedModel.from_cache(machine)
+    fitted = FittedModel.from_cache(machine, args.profiles)
     t0 = time.time()
     load0 = os.getloadavg()
-    runs = collect(models, machine, fitted, args, reuse)
+    out = Path(args.out)
+    runs, meas = collect(models, machine, fitted, args, reuse, None if reuse else out / "sim_to_real_raw.json")
     load1 = os.getloadavg()
     res = analyse(runs, machine, fitted)
-    import torch
-
     res.update({
         "command": "python bench/sim_to_real.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": f"{machine.cpu.name} ({machine.cpu.cores} cores, {platform.node()})",
-        "cores": machine.cpu.cores, "torch": torch.__version__, "python": platform.python_version(),
-        "rounds": args.rounds, "warmup": args.warmup, "elapsed_s": time.time() - t0,
-        "quiet_cores": args.quiet_cores,
-        "loadavg_start": list(reuse["loadavg_start"] if reuse else load0),
-        "loadavg_end": list(reuse["loadavg_end"] if reuse else load1),
-        "others_cores_median": float(np.median([r.worker["others_cores"][i] for r in runs for i in r.used_rounds])),
-        "rounds_used": {r.name: f"{len(r.used_rounds)} of {r.worker['rounds']}" for r in runs},
-        "reused_measurements_from": args.reuse,
+        "cores": machine.cpu.cores, "torch": meas.get("torch"), "python": platform.python_version(),
+        "rounds": meas["rounds"], "warmup": meas["warmup"], "reps": meas["reps"], "elapsed_s": time.time() - t0,
+        "quiet_cores": meas["quiet_cores"], "profiles": os.path.relpath(args.profiles, REPO),
+        "loadavg_start": list(meas["loadavg_start"]), "loadavg_end": list(meas["loadavg_end"]),
+        "loadavg_run": [list(load0), list(load1)],
+        "others_cores_median": float(np.median([c for r in runs for v in r.others.values() for c in v])),
+        "retries": meas["retries"], "samples_not_quiet": meas["samples_not_quiet"],
+        "max_tries": meas.get("max_tries", 3),
+        "reused_measurements_from": args.from_raw,
         "targets": {"mdape": TARGET_MDAPE, "spearman": TARGET_SPEARMAN},
-        "models": {r.name: {"walls": r.walls, "busy": r.busy, **r.worker} for r in runs},
+        "measurement": meas,
     })
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from opsched.backends.fitted import RuntimeCalibration
     from opsched.io import atomic_write_text
@@ -627,7 +866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = res["pooled"]["calibrated"] or res["pooled"]["raw"]
     print(f"{'pooled':12s} MdAPE raw {_pct(res['pooled']['raw']['mdape']):>7s} "
           f"rho {res['pooled']['raw']['spearman']:5.2f} | calibrated {_pct(p['mdape']):>7s} rho {p['spearman']:5.2f}")
-    print(f"wrote {out / 'sim_to_real.md'} (load average {load0[0]:.2f} -> {load1[0]:.2f})")
+    print(f"wrote {out / 'sim_to_real.md'} (load average {res['loadavg_start'][0]:.2f} -> "
+          f"{res['loadavg_end'][0]:.2f} while measuring)")
     return 0
 
 

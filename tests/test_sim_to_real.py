@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opsched.backends.fitted import CalibratedModel, RuntimeCalibration
+from opsched.backends.fitted import CalibratedModel, RuntimeCalibration, cold_weight_bytes
 from opsched.backends.perfmodel import AnalyticModel
 from opsched.backends.profiler import ProfileError
 from opsched.backends.sim import SimBackend
@@ -117,8 +117,54 @@ def test_calibrated_model_adds_overhead_and_serialises_small_ops_on_the_gil() ->
         1.25 * MODEL.op_time(big.ops[0], cpu, 1), rel=1e-6)
 
 
+def test_team_wake_cost_is_paid_by_parallel_ops_after_an_idle_team() -> None:
+    ops = tuple(Op(f"o{i}", f"o{i}", "conv", 1e7, 1e4, 1e4, 0.0, (1, 8)) for i in range(6))
+    ops += (Op("o6", "o6", "elementwise", 0.0, 1e3, 1e3, 0.0, (1, 8)),  # below the grain size: no team
+            Op("o7", "o7", "conv", 1e7, 1e4, 1e4, 0.0, (1, 8)))
+    chain = OpGraph(ops, tuple(Edge(f"o{i}", f"o{i + 1}") for i in range(7)), name="chain8")
+    threads = [1, 1, 2, 2, 1, 2, 2, 2]  # the team is woken by o2 and o5; o6 runs no parallel region
+    plan = Plan.build(chain, MACHINE, {f"o{i}": Assignment("cpu", k, 0.0) for i, k in enumerate(threads)})
+    model = CalibratedModel(MODEL, RuntimeCalibration(thread_switch_s=1e-4))
+    base = sum(MODEL.op_time(op, MACHINE.cpu, k) for op, k in zip(ops, threads, strict=True))
+    trace = SimBackend(MACHINE, model).run(chain, plan)
+    assert trace.makespan == pytest.approx(base + 2e-4)
+    assert S.team_wakes(chain, trace) == 2
+    # without the term the simulator prices nothing extra
+    assert SimBackend(MACHINE, MODEL).run(chain, plan).makespan == pytest.approx(base)
+
+
+def test_openmp_throttle_only_when_two_executors_hold_teams() -> None:
+    """``a`` (2 threads) fans out to ``b`` (short) and ``c`` (long), one thread
+    each, co-running; ``d`` (2 threads) follows ``b`` but needs both slots, so
+    ``c``'s executor starts it: two executors have run 2-thread ops and hold
+    OpenMP teams, and every 2-thread op is priced ``max(t(2), t(1)) + team``.
+    The same ops one at a time (one executor) are not."""
+    def conv(i: str, flops: float) -> Op:
+        return Op(i, i, "conv", flops, 1e4, 1e4, 0.0, (1, 8))
+
+    ops = (conv("a", 2e8), conv("b", 1e7), conv("c", 1e8), conv("d", 2e8))
+    g = OpGraph(ops, (Edge("a", "b"), Edge("a", "c"), Edge("b", "d")), name="fan")
+    cpu = MACHINE.cpu
+    model = CalibratedModel(MODEL, RuntimeCalibration(team_overhead_s=5e-5))
+    t = {op.id: (MODEL.op_time(op, cpu, 1), MODEL.op_time(op, cpu, 2)) for op in ops}
+    assert t["a"][1] < t["a"][0]
+    mixed = Plan.build(g, MACHINE, {"a": Assignment("cpu", 2, 4.0), "b": Assignment("cpu", 1, 3.0),
+                                    "c": Assignment("cpu", 1, 2.0), "d": Assignment("cpu", 2, 1.0)})
+    tr = SimBackend(MACHINE, model).run(g, mixed)
+    assert tr.meta.get("omp_throttled") is True
+    assert tr.makespan == pytest.approx(t["a"][0] + 5e-5 + t["c"][0] + t["d"][0] + 5e-5, rel=1e-6)
+    # without the term: the plain times
+    plain = SimBackend(MACHINE, MODEL).run(g, mixed)
+    assert plain.makespan == pytest.approx(t["a"][1] + t["c"][0] + t["d"][1], rel=1e-6)
+    # every op at 2 threads: one op at a time on one executor, no throttle
+    wide = Plan.build(g, MACHINE, {o.id: Assignment("cpu", 2, float(4 - i)) for i, o in enumerate(ops)})
+    tr = SimBackend(MACHINE, model).run(g, wide)
+    assert "omp_throttled" not in tr.meta
+    assert tr.makespan == pytest.approx(sum(v[1] for v in t.values()), rel=1e-6)
+
+
 def test_runtime_calibration_round_trips_and_rejects_bad_files(tmp_path) -> None:
-    cal = RuntimeCalibration(3e-6, 4e-6, 0.1, fitted_on=("a", "b"))
+    cal = RuntimeCalibration(3e-6, 4e-6, 0.1, insitu_factor=1.3, thread_switch_s=2e-5, fitted_on=("a", "b"))
     cal.save(tmp_path / "c.json")
     assert RuntimeCalibration.load(tmp_path / "c.json") == cal
     (tmp_path / "bad.json").write_text('{"op_overhead_s": -1}')
@@ -132,20 +178,32 @@ def _fake_run(name: str, graph: OpGraph, plans: dict[str, Plan], truth: RuntimeC
     """A ModelRun whose 'measurements' are simulations with the ``truth`` calibration."""
     sim = SimBackend(MACHINE, MODEL)
     traces = {k: sim.run(graph, p) for k, p in plans.items()}
-    real = S.simulate(graph, MACHINE, CalibratedModel(MODEL, truth), plans)
-    return S.ModelRun(name, graph, plans, {k: t.makespan for k, t in traces.items()},
-                      {k: S.never_coruns(t) for k, t in traces.items()},
-                      {k: [v * f for f in (0.99, 1.0, 1.01)] for k, v in real.items()},
-                      {k: [v] * 3 for k, v in real.items()},
-                      {"others_cores": [0.0, 0.0, 0.0], "rounds": 3, "loadavg_start": [0, 0, 0], "loadavg_end": [0, 0, 0]})
+    real_sim = SimBackend(MACHINE, CalibratedModel(MODEL, truth))
+    real = {k: real_sim.run(graph, p) for k, p in plans.items()}
+    serial = {k: S.never_coruns(t) for k, t in traces.items()}
+    detail = [k for k in S.DETAIL_PLANS if k in plans]
+    return S.ModelRun(name, graph, plans, {k: t.makespan for k, t in traces.items()}, serial,
+                      {k: S.team_wakes(graph, t) if serial[k] else 0 for k, t in traces.items()},
+                      cold_weight_bytes(graph),
+                      np.array([max(0.0, op.bytes_total - op.param_bytes) for op in graph.ops]),
+                      {k: S._op_times(graph, traces[k]) for k in detail},
+                      {k: S._op_times(graph, real[k]) for k in detail},
+                      {k: [t.makespan * f for f in (0.99, 1.0, 1.01)] for k, t in real.items()},
+                      {k: [t.makespan] * 3 for k, t in real.items()},
+                      {k: [0.0] * 3 for k in real})
 
 
 def test_calibration_fit_recovers_a_known_runtime_and_is_held_out(graph, plans, tmp_path) -> None:
-    truth = RuntimeCalibration(op_overhead_s=60e-6, host_s=8e-6, corun_c0=0.1)
+    truth = RuntimeCalibration(op_overhead_s=60e-6, host_s=8e-6, corun_c0=0.1, insitu_factor=1.2,
+                               thread_switch_s=150e-6, cold_byte_s=1e-10, act_byte_s=2e-11)
     g2 = generate("erdos_renyi", 30, 2)
     runs = [_fake_run("a", graph, plans, truth), _fake_run("b", g2, S.make_plans(g2, MACHINE, MODEL, 20), truth)]
     cal = S.fit_calibration(runs, MACHINE, MODEL)
-    assert cal.op_overhead_s == pytest.approx(60e-6, rel=0.05)
+    assert cal.op_overhead_s == pytest.approx(60e-6, rel=0.1)
+    assert cal.insitu_factor == pytest.approx(1.2, rel=0.05)
+    assert cal.thread_switch_s == pytest.approx(150e-6, rel=0.1)
+    assert cal.cold_byte_s == pytest.approx(1e-10, rel=0.1)
+    assert cal.act_byte_s == pytest.approx(2e-11, rel=0.1)
     assert cal.corun_c0 == 0.1  # (the host time is not identifiable on these large ops: any fit within 1%)
     fit = S.simulate(graph, MACHINE, CalibratedModel(MODEL, cal), plans)
     assert all(abs(fit[k] / runs[0].measured(k) - 1) < 0.01 for k in plans)
@@ -155,7 +213,8 @@ def test_calibration_fit_recovers_a_known_runtime_and_is_held_out(graph, plans, 
     assert res["per_model"]["a"]["calibrated"]["mdape"] < 0.02 < res["per_model"]["a"]["raw"]["mdape"]
     res.update({"command": "test", "machine": "two-core", "cores": 2, "torch": "-", "elapsed_s": 0.0,
                 "loadavg_start": [0.0] * 3, "loadavg_end": [0.0] * 3, "others_cores_median": 0.0,
-                "rounds": 3, "warmup": 1, "quiet_cores": 0.3, "rounds_used": {"a": "3 of 3", "b": "3 of 3"}})
+                "rounds": 3, "warmup": 1, "reps": 3, "quiet_cores": 0.3, "profiles": "x", "retries": 0,
+                "samples_not_quiet": 0})
     S.write_markdown(res, tmp_path / "r.md")
     text = (tmp_path / "r.md").read_text()
     assert "| a | 40 |" in text and "## b" in text and "seq-1t" in text
@@ -174,3 +233,16 @@ def test_graph_edges_unused_guard() -> None:
     chain = OpGraph(ops, tuple(Edge(f"o{i}", f"o{i + 1}") for i in range(24)), name="chain")
     ps = S.make_plans(chain, MACHINE, MODEL, n_plans=20)
     assert len(ps) >= 20
+
+
+def test_from_raw_reads_digests_of_raw_files_and_reports_and_rejects_other_files(tmp_path) -> None:
+    raw = {"measurement": {"models": {}}, "digests": {"m": {"seq-1t": "abc"}}}
+    assert S.reused_digests(raw, "m") == {"seq-1t": "abc"} and S.reused_digests(raw, "x") == {}
+    report = {"measurement": {"models": {}}, "rows": [{"model": "m", "plan": "seq-1t", "digest": "abc"},
+                                                      {"model": "n", "plan": "seq-1t", "digest": "def"}]}
+    assert S.reused_digests(report, "m") == {"seq-1t": "abc"}
+    old = tmp_path / "old.json"
+    old.write_text('{"rows": [], "workers": {}}')  # the format before per-plan digests
+    assert S.main(["--from-raw", str(old), "--out", str(tmp_path / "out")]) == 2
+    assert S.main(["--from-raw", str(tmp_path / "missing.json"), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
