@@ -493,7 +493,7 @@ class RuntimeCalibration:
     that shows in a per-op profile.  Fields (seconds unless said):
 
     * ``insitu_factor``: CPU op times are multiplied by it (>= 0; 1 = as
-      profiled): inputs no longer hot in the caches;
+      profiled);
     * ``cold_byte_s``: seconds per byte of weights an op is the first in the
       run to read (:func:`cold_weight_bytes`): profiled in a loop they sit in
       the caches, in a run they come from memory - once per run, so a
@@ -502,6 +502,11 @@ class RuntimeCalibration:
       (``bytes_total - param_bytes``): profiled in a loop they stay in the
       first-level caches, in a run an op's input was written by another op
       and its output is a fresh buffer;
+    * the two streams overlap with the op's computation (hardware prefetch):
+      an op in a run takes ``max(insitu_factor * t, cold_byte_s * cold +
+      act_byte_s * activations)`` - a compute-bound convolution hides its
+      weights' fetch, a small memory-bound op waits for it (a roofline whose
+      memory side counts only what the profile had in cache);
     * ``op_overhead_s``: then added to every CPU op: the executor's ready
       counters, slot pool and timing, and the cold Python/dispatcher path of
       an op called once rather than in a loop;
@@ -585,8 +590,8 @@ class CalibratedModel:
     """A performance model plus a :class:`RuntimeCalibration`: what the real
     runtime, not the op alone, will take (same API as the wrapped model).
 
-    CPU op times become ``insitu_factor * t + op_overhead_s + cold_byte_s *
-    cold_bytes(op) + act_byte_s * activation_bytes(op)`` (``cold_bytes``: per
+    CPU op times become ``max(insitu_factor * t, cold_byte_s * cold_bytes(op) +
+    act_byte_s * activation_bytes(op)) + op_overhead_s`` (``cold_bytes``: per
     op of a graph, default :func:`cold_weight_bytes`); the simulator adds
     ``thread_switch_s`` (:attr:`thread_switch_s`) to a multi-threaded op that
     must wake an idle OpenMP team and :attr:`team_overhead_s` to multi-threaded
@@ -621,9 +626,11 @@ class CalibratedModel:
             return True
         return float(np.prod(op.shape)) >= ATEN_GRAIN_SIZE if op.shape else False
 
-    def _cpu(self, t: float) -> float:
+    def _cpu(self, t: float | np.ndarray, stream_s: float | np.ndarray) -> float | np.ndarray:
+        """An op's time in a run from its profiled time ``t`` and the time
+        ``stream_s`` to fetch what the profile had in cache (overlapped)."""
         c = self.calibration
-        return c.insitu_factor * t + c.op_overhead_s
+        return np.maximum(c.insitu_factor * t, stream_s) + c.op_overhead_s
 
     def _act(self, op: Op) -> float:
         return self.calibration.act_byte_s * max(0.0, op.bytes_total - op.param_bytes)
@@ -633,7 +640,7 @@ class CalibratedModel:
         t = float(self.base.op_time(op, device, threads))  # type: ignore[attr-defined]
         if device.is_gpu:
             return t
-        return self._cpu(t) + self.calibration.cold_byte_s * op.param_bytes + self._act(op)
+        return float(self._cpu(t, self.calibration.cold_byte_s * op.param_bytes + self._act(op)))
 
     def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
         key = (graph.fingerprint(), machine.fingerprint())
@@ -641,11 +648,11 @@ class CalibratedModel:
         if hit is None:
             base = self.base.time_table(graph, machine)  # type: ignore[attr-defined]
             times = base.times.copy()
-            cold = self.calibration.cold_byte_s * np.asarray(self.cold_bytes(graph), dtype=float)
-            cold += np.array([self._act(op) for op in graph.ops])
+            stream = self.calibration.cold_byte_s * np.asarray(self.cold_bytes(graph), dtype=float)
+            stream += np.array([self._act(op) for op in graph.ops])
             for d, dev in enumerate(machine.devices):
                 if not dev.is_gpu:  # inf (missing levels) stays inf
-                    times[:, d, :] = self._cpu(times[:, d, :]) + cold[:, None]
+                    times[:, d, :] = self._cpu(times[:, d, :], stream[:, None])
             hit = self._tables[key] = TimeTable(times, base.levels, base.device_ids)
         return hit
 

@@ -437,8 +437,8 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
     term by term, each from the measurements it alone affects:
 
     1. op by op, in the plans whose per-op durations were kept (``DETAIL_PLANS``,
-       serial): ``duration = insitu_factor * t + o + cold_byte_s * cold_bytes +
-       act_byte_s * activation_bytes`` (robust least squares on absolute
+       serial): ``duration = max(insitu_factor * t, cold_byte_s * cold_bytes +
+       act_byte_s * activation_bytes) + o`` (robust least squares on absolute
        errors relative to the plan's total, so long ops weigh as they weigh in a
        makespan); the executor's own cost between ops is the median of ``(wall
        - sum of durations) / n_ops``; ``op_overhead_s`` is ``o`` plus it;
@@ -461,11 +461,16 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
 
         def resid(x: np.ndarray) -> np.ndarray:
             a, o, b, g = x * scale
-            return np.concatenate([(a * t + o + b * c + g * ac - y) / y.sum() * np.sqrt(len(y))
+            return np.concatenate([(np.maximum(a * t, b * c + g * ac) + o - y) / y.sum() * np.sqrt(len(y))
                                    for t, c, ac, y in parts])
 
-        fit = least_squares(resid, x0=np.array([1.0, 0.5, 0.5, 0.1]), bounds=([0.3, 0.0, 0.0, 0.0],
-                            [3.0, 20.0, 10.0, 10.0]), loss="soft_l1", f_scale=0.01)
+        # The max() has no gradient in the stream terms while no op is stream-bound:
+        # start from several stream speeds (from every op hiding its fetch to most
+        # waiting for it) and keep the best fit.
+        fits = [least_squares(resid, x0=np.array([1.0, 0.5, b0, b0 / 5]), bounds=([0.3, 0.0, 0.0, 0.0],
+                              [3.0, 20.0, 10.0, 10.0]), loss="soft_l1", f_scale=0.01)
+                for b0 in (0.0, 0.1, 1.0, 5.0)]
+        fit = min(fits, key=lambda f: f.cost)
         alpha, o_in, cold, act = (float(v) for v in fit.x * scale)
         gap = max(0.0, float(np.median([(r.measured(p) - r.op_measured[p].sum()) / len(r.op_measured[p])
                                         for r, p in detail])))
@@ -474,8 +479,11 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
     switch = 0.0
     serial = [(r, p) for r in runs for p in r.plans if r.serial[p]]
     if any(r.switches[p] for r, p in serial):
-        base_s = np.array([alpha * r.sim_raw[p] + len(r.graph.ops) * overhead + cold * r.cold.sum()
-                           + act * r.act.sum() for r, p in serial])
+        no_switch = CalibratedModel(base, RuntimeCalibration(overhead, insitu_factor=alpha, cold_byte_s=cold,
+                                                             act_byte_s=act))
+        sims = {r.name: simulate(r.graph, machine, no_switch, {p: r.plans[p] for p in r.plans if r.serial[p]})
+                for r in runs}
+        base_s = np.array([sims[r.name][p] for r, p in serial])
         n_sw = np.array([r.switches[p] for r, p in serial], dtype=float)
         real = np.array([r.measured(p) for r, p in serial])
         res = minimize_scalar(lambda w: float(np.abs(np.log((base_s + n_sw * w) / real)).sum()),
