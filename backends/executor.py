@@ -13,14 +13,27 @@ Two pieces, both framework-neutral (an op is any ``fn(values)`` callable):
 
 :class:`WorkerPool`
     Persistent executor threads (created on demand up to the number of core
-    slots, reused across runs).  Dispatch is *decentralised*: the worker that
+    slots, reused across runs).  Dispatch is *decentralised*: the thread that
     finishes an op updates the counters under one lock, starts every ready op
     that fits in the free slots (the plan semantics of ``opsched/plan.py``:
     descending priority, each one that fits starts at once), keeps the first
-    one for itself - so a chain of ops runs on one thread with no hand-off -
-    and hands the others to idle workers through their own queues.  The only
-    waits are a worker blocked on its empty queue and the caller blocked on
-    the run's completion event; nobody spins.
+    one it may run for itself - so a chain of ops runs on one thread with no
+    hand-off - and hands the others on through queues.  The only waits are a
+    worker blocked on its empty queue and the caller blocked on its own; nobody
+    spins.
+
+    One OpenMP team per process: the *calling* thread runs every
+    multi-threaded op itself (with the OpenMP team it already uses for eager
+    PyTorch); the workers run the one-thread ops, which open no parallel
+    region and so create no team.  Why: each thread that runs a
+    multi-threaded op gets a team of its own, kept afterwards, and once the
+    process holds more OpenMP threads than CPUs libgomp stops spin-waiting at
+    its barriers - every parallel region then pays for waking sleeping helpers,
+    a multi-threaded op is no faster than on one thread, and *eager* PyTorch
+    in the same process slows down too (measured here on resnet50: eager
+    34 ms, 61 ms after one plan had run 2-thread ops on a worker).  Only when
+    two multi-threaded ops run side by side does the second go to a worker
+    (a second team: unavoidable then).
 
 Cancellation and failure: an op that raises marks the run failed; no new op
 is dispatched, running ops finish, and when the last one does the caller is
@@ -152,8 +165,8 @@ class OpFailure(Exception):
 class _Run:
     """The mutable state of one run; every field below ``lock`` is guarded by the pool lock."""
 
-    __slots__ = ("cp", "values", "ready", "ndeps", "free", "running", "n_done", "aborted", "accepted",
-                 "cancelled", "error", "starts", "ends", "cores", "lanes", "done", "rcount", "free_values")
+    __slots__ = ("cp", "values", "ready", "ndeps", "free", "running", "n_done", "aborted", "error", "starts",
+                 "ends", "cores", "lanes", "done", "rcount", "free_values", "team_q", "team_busy")
 
     def __init__(self, cp: CompiledPlan, values: list, free_values: bool) -> None:
         self.cp = cp
@@ -164,8 +177,6 @@ class _Run:
         self.running = 0
         self.n_done = 0
         self.aborted = False
-        self.accepted = False
-        self.cancelled = False
         self.error: tuple[int, BaseException] | None = None
         n = cp.n
         self.starts = [0.0] * n
@@ -175,6 +186,30 @@ class _Run:
         self.done = threading.Event()
         self.free_values = free_values and cp.can_free
         self.rcount = list(cp.readers) if self.free_values else None
+        #: Multi-threaded ops for the calling thread (None: the run may be over).
+        self.team_q: queue.SimpleQueue = queue.SimpleQueue()
+        #: Whether the calling thread has a multi-threaded op (running or queued).
+        self.team_busy = False
+
+
+#: Lane recorded for ops run by the calling thread.
+CALLER_LANE = -1
+
+
+def _finish(run: _Run) -> None:
+    """Mark ``run`` over and wake the calling thread."""
+    run.done.set()
+    run.team_q.put(None)
+
+
+def _give(state: _PoolState, run: _Run, task: tuple[int, tuple[int, ...]]) -> None:
+    """Hand a started op on (caller holds the lock): a multi-threaded one to
+    the calling thread unless it already has one, anything else to a worker."""
+    if run.cp.threads[task[0]] > 1 and not run.team_busy:
+        run.team_busy = True
+        run.team_q.put(task)
+    else:
+        state.hand((run, task[0], task[1]))
 
 
 def _take(free: list[int], k: int, prefer: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -298,7 +333,7 @@ def _worker_main(state: _PoolState, w: int) -> None:
                 run.running = 0
                 if w not in state.idle:
                     state.idle.append(w)
-            run.done.set()
+            _finish(run)
 
 
 def _pin(state: _PoolState, w: int, cores: tuple[int, ...]) -> None:
@@ -313,28 +348,14 @@ def _pin(state: _PoolState, w: int, cores: tuple[int, ...]) -> None:
         state.core_map = None
 
 
-def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...] | None) -> None:
-    """Run op ``i`` on this worker, then keep running what becomes ready, until
-    no op is left for this worker (it then goes back to the idle list)."""
+def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...]) -> None:
+    """Run op ``i`` on this thread (worker ``w``, or the calling thread when
+    ``w`` is :data:`CALLER_LANE`), then keep running what becomes ready and is
+    this thread's to run, until nothing is (a worker then goes back to the
+    idle list).  The calling thread keeps multi-threaded ops, a worker
+    one-thread ops (and a chain continuing on the cores it holds)."""
     lock = state.lock
-    if i < 0:  # the leader's start message: first dispatch of a run
-        with lock:
-            if run.cancelled:
-                return
-            run.accepted = True
-            state.idle.remove(w)
-            started = [] if run.aborted else _dispatch(run, state.pins[w])
-            for task in started[1:]:
-                state.hand((run, task[0], task[1]))
-            if not started:
-                state.idle.append(w)
-                finished = run.running == 0
-            else:
-                i, cores = started[0]
-        if not started:
-            if finished:
-                run.done.set()
-            return
+    caller = w == CALLER_LANE
     cp = run.cp
     fns, threads, succs, rank, by_rank = cp.fns, cp.threads, cp.succs, cp.rank, cp.by_rank
     free_after, releases = cp.free_after, cp.releases
@@ -351,7 +372,7 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...] 
         # default, so read it first and set ours whenever it differs.
         if get_threads is not None and get_threads() != k:
             set_threads(k)
-        if state.core_map is not None and pins[w] != cores:
+        if not caller and state.core_map is not None and pins[w] != cores:
             _pin(state, w, cores)
         err = None
         t0 = perf_counter()
@@ -395,13 +416,16 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...] 
                     free.sort()
                 run.running -= 1
                 if ready and not run.aborted:
-                    started = _dispatch(run, cores)
-                    if started:
-                        nxt = started[0]
-                        for task in started[1:]:
-                            state.hand((run, task[0], task[1]))
+                    for task in _dispatch(run, None if caller else cores):
+                        if nxt is None and (threads[task[0]] > 1) == caller:
+                            nxt = task
+                        else:
+                            _give(state, run, task)
                 if nxt is None:
-                    state.idle.append(w)
+                    if caller:
+                        run.team_busy = False
+                    else:
+                        state.idle.append(w)
                     finished = run.running == 0
                     if finished and not run.aborted and run.n_done != n:
                         run.error = (-1, RuntimeError(
@@ -412,7 +436,7 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...] 
                 values[s] = None
         if nxt is None:
             if finished:
-                run.done.set()
+                _finish(run)
             return
         i, cores = nxt
 
@@ -436,7 +460,7 @@ class WorkerPool:
         self._last: _Run | None = None
         self._call_lock = threading.Lock()
         with self._state.lock:
-            self._state.idle.append(self._state.spawn())  # worker 0 leads every run
+            self._state.idle.append(self._state.spawn())
         # A forgotten pool must not keep threads alive nor hang interpreter exit.
         self._finalizer = weakref.finalize(self, _shutdown, self._state, 5.0)
 
@@ -497,28 +521,66 @@ class WorkerPool:
             run = _Run(cp, values, free_values)
             self._last = run
             try:
-                state.queues[0].put((run, -1, None))
-                done = run.done
-                while not done.wait(_WAIT_SLICE_S):
-                    pass
+                self._serve(run)
             except BaseException:
                 self._abort(run)
                 raise
             if run.error is not None:
+                if isinstance(run.error[1], KeyboardInterrupt):  # Ctrl-C while this thread ran an op
+                    raise KeyboardInterrupt
                 raise OpFailure(*run.error)
             return run
 
+    def _serve(self, run: _Run) -> None:
+        """The calling thread's part of a run: the first dispatch, then every
+        multi-threaded op handed to it, until the run is over."""
+        state = self._state
+        mine = None
+        with state.lock:
+            for task in _dispatch(run):
+                if mine is None and run.cp.threads[task[0]] > 1:
+                    mine = task
+                    run.team_busy = True
+                else:
+                    _give(state, run, task)
+            if run.running == 0:  # nothing could start (an empty plan)
+                if run.n_done != run.cp.n:
+                    run.error = (-1, RuntimeError(f"deadlock: {run.cp.n - run.n_done} op(s) can never become ready"))
+                _finish(run)
+        if mine is not None:
+            _drive(state, CALLER_LANE, run, *mine)
+        get, done = run.team_q.get, run.done
+        while not done.is_set():
+            try:
+                task = get(timeout=_WAIT_SLICE_S)
+            except queue.Empty:
+                continue
+            if task is not None:
+                _drive(state, CALLER_LANE, run, *task)
+
     def _abort(self, run: _Run) -> None:
-        """Stop dispatching; wait (interruptibly) for the ops already running."""
-        with self._state.lock:
+        """Stop dispatching; wait (interruptibly) for the ops already running.
+        Multi-threaded ops handed to the calling thread and not begun are
+        dropped; if nothing runs any more (an interrupt mid-bookkeeping), the
+        run is over whatever its counters say."""
+        state = self._state
+        with state.lock:
             run.aborted = True
-            if not run.accepted:
-                run.cancelled = True
-                run.done.set()
-            elif run.running == 0:
-                run.done.set()
-        while not run.done.wait(_WAIT_SLICE_S):
-            pass
+            if run.running == 0:
+                _finish(run)
+        while not run.done.is_set():
+            try:
+                task = run.team_q.get(timeout=_WAIT_SLICE_S)
+            except queue.Empty:
+                task = None
+            with state.lock:
+                if task is not None:
+                    run.free.extend(task[1])
+                    run.running -= 1
+                    run.team_busy = False
+                idle = len(state.idle) == len(state.threads) and run.team_q.empty()
+                if run.running <= 0 or (idle and not run.done.is_set()):
+                    _finish(run)
 
 
 def cpu_core_map(slots: int) -> tuple[list[int] | None, str]:

@@ -14,7 +14,12 @@ How (see ``executor.py``): the plan is compiled once per (graph, plan) into
 flat lists - the importer's generated per-op callables, ready counters,
 successor lists, dispatch ranks - and cached.  Persistent executor threads
 (one per op that may run at once, at most one per core slot, created on
-demand and reused across runs) run the ops.  Each op takes ``threads``
+demand and reused across runs) run the one-thread ops; the calling thread
+runs the multi-threaded ones with its own OpenMP team, so the process keeps
+one team, shared with eager PyTorch (a second team per executor would make
+libgomp throttle its spin-waits and slow every parallel region - eager
+included; see ``executor.py``).  Trace events of ops the calling thread ran
+have ``lane == -1``.  Each op takes ``threads``
 slots from a free-slot pool; the worker sets its own intra-op thread count
 (``torch.get_num_threads()`` first, since the first op a thread runs may reset
 it to the process default, then ``torch.set_num_threads(k)``) and pins itself
@@ -237,9 +242,10 @@ class TorchCPUBackend(Backend):
                     wall = perf_counter() - t0
                 every = tuple(range(self.slots))
                 return starts, ends, [every] * cp.n, [0] * cp.n, t0, wall
-            t0 = perf_counter()
-            run = self._pool.run(cp, values, free_values=self.free_values)
-            wall = perf_counter() - t0
+            with torch.no_grad():  # the calling thread runs the multi-threaded ops
+                t0 = perf_counter()
+                run = self._pool.run(cp, values, free_values=self.free_values)
+                wall = perf_counter() - t0
             return run.starts, run.ends, run.cores, run.lanes, t0, wall
         except OpFailure as f:
             raise _execution_error(graph, cp, f) from f.exc

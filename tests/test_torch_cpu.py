@@ -166,6 +166,29 @@ def test_executor_threads_record_cores_lanes_and_wall(small, be2):
         assert tr.meta["pin_note"], "an unpinned run says why"
 
 
+def test_multi_threaded_ops_run_on_the_calling_thread_one_thread_ops_on_workers(small):
+    """One OpenMP team per process: the caller runs every multi-threaded op (lane -1),
+    workers only one-thread ops; outputs still equal eager, also with two wide ops side by side."""
+    m, inputs, g = small
+    ref = m(*inputs)
+    with TorchCPUBackend(_machine(4)) as be:
+        n = len(g.ops)
+        for k_wide in (2, 4):  # 4: a wide op takes every slot; 2: two wide ops may co-run
+            plan = Plan.build(g, be.machine, {op.id: Assignment("cpu", k_wide if i % 2 else 1, float(n - i))
+                                              for i, op in enumerate(g.ops)})
+            tr = be.run(g, plan, inputs)
+            assert tr.meta["mode"] == "pool"
+            wide = [e for e in tr.events if e.threads > 1]
+            assert wide and all(e.lane >= 0 for e in tr.events if e.threads == 1)
+            on_caller = [e for e in wide if e.lane == -1]
+            if k_wide == 4:  # never two at once: all on the caller
+                assert len(on_caller) == len(wide)
+            else:
+                assert on_caller, "the calling thread takes the multi-threaded ops"
+            out = be.execute(g, plan, *inputs)
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(_flat(out), _flat(ref)))
+
+
 def test_different_inputs_and_repeated_runs(small, be2):
     m, _, g = small
     plan = _random_plan(g, be2.machine, 5)
