@@ -516,8 +516,10 @@ class RuntimeCalibration:
       on its device did not use a team of that size (a one-thread op runs no
       parallel region; the helpers spin a while, then sleep on a futex, and
       the next parallel region must wake them);
-    * ``team_overhead_s``: once two executor threads have each run a
-      multi-threaded op, both hold OpenMP teams; the process
+    * ``team_overhead_s``: once two threads have each run a multi-threaded
+      op, both hold OpenMP teams (the runtime gives every multi-threaded op
+      to the calling thread, so this happens only when two of them run side
+      by side); the process
       then has more OpenMP threads than cores, libgomp stops spin-waiting at
       its barriers, and a multi-threaded op is no faster than on one thread
       and pays for waking its team: one that enters a parallel region

@@ -32,8 +32,8 @@ What is simulated (and why it is enough for scheduling decisions):
   one-thread op runs no parallel region, so the team's helpers went idle),
   and a multi-threaded op's cost once several executor threads
   hold OpenMP teams (``model.team_overhead_s``: when a first pass shows two
-  executor threads running multi-threaded ops (:func:`_team_holders` follows
-  the runtime's executors), every multi-threaded CPU op that enters a
+  multi-threaded ops running at once (:func:`_team_holders` follows the
+  runtime's executors), every multi-threaded CPU op that enters a
   parallel region takes ``max(t(k), t(1)) + team_overhead_s`` - the process
   then has more OpenMP threads than cores and libgomp stops spin-waiting); see
   :class:`~opsched.backends.fitted.CalibratedModel`.
@@ -690,42 +690,27 @@ class SimBackend(Backend):
 
 
 def _team_holders(st: SimState, s: SimStatic, rank: Sequence[int]) -> int:
-    """How many executor threads of a real runtime would hold an OpenMP team
-    in this finished simulation (CPU ops only: OpenMP teams are per process).
+    """How many threads of a real runtime would hold an OpenMP team in this
+    finished simulation (CPU ops only: OpenMP teams are per process).
 
-    The runtime's executors (``backends/torch_cpu.py``): the worker that
-    finishes an op dispatches what became ready and keeps the first op for
-    itself; other ops started then take an idle worker (the lowest), else a
-    new one.  A worker gets its own team with its first multi-threaded op
-    that enters a parallel region, and keeps it (the pool persists across
-    runs, so the warm-up runs leave the same teams)."""
-    cpu = [i for i in range(s.n) if not s.devices[st.device[i]].is_gpu]
-    if not cpu:
-        return 0
-    times = sorted({st.dispatch_time[i] for i in cpu} | {st.end_time[i] for i in cpu})
-    starts: dict[float, list[int]] = {}
-    ends: dict[float, list[int]] = {}
-    for i in cpu:
-        starts.setdefault(st.dispatch_time[i], []).append(i)
-        ends.setdefault(st.end_time[i], []).append(i)
-    worker = [-1] * s.n
-    idle: list[int] = []
-    n_workers = 0
-    holders: set[int] = set()
-    for t in times:
-        freed = [worker[i] for i in sorted(ends.get(t, ()))]
-        for i in sorted(starts.get(t, ()), key=lambda i: rank[i]):
-            if freed:
-                w = freed.pop(0)
-            elif idle:
-                w = idle.pop(0)
-            else:
-                w, n_workers = n_workers, n_workers + 1
-            worker[i] = w
-            if st.threads[i] > 1 and s.parallel[i]:
-                holders.add(w)
-        idle = sorted(idle + freed)
-    return len(holders)
+    The runtime (``backends/executor.py``) runs every multi-threaded op on the
+    calling thread, with the process's one team, unless the calling thread is
+    already running one: then a worker runs it and gets a team of its own,
+    kept afterwards (the pool persists across runs, so warm-up runs leave the
+    same teams).  So the holders are the most multi-threaded ops that enter a
+    parallel region and run at the same time (``rank`` is unused: kept for
+    callers that replay dispatch order)."""
+    events: list[tuple[float, int]] = []
+    for i in range(s.n):
+        if st.threads[i] > 1 and s.parallel[i] and not s.devices[st.device[i]].is_gpu:
+            events.append((st.dispatch_time[i], 1))
+            events.append((st.end_time[i], -1))
+    events.sort()  # at equal times an end (-1) sorts before a start (+1)
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 # ----------------------------------------------------------- lower bound

@@ -133,34 +133,36 @@ def test_team_wake_cost_is_paid_by_parallel_ops_after_an_idle_team() -> None:
     assert SimBackend(MACHINE, MODEL).run(chain, plan).makespan == pytest.approx(base)
 
 
-def test_openmp_throttle_only_when_two_executors_hold_teams() -> None:
-    """``a`` (2 threads) fans out to ``b`` (short) and ``c`` (long), one thread
-    each, co-running; ``d`` (2 threads) follows ``b`` but needs both slots, so
-    ``c``'s executor starts it: two executors have run 2-thread ops and hold
-    OpenMP teams, and every 2-thread op is priced ``max(t(2), t(1)) + team``.
-    The same ops one at a time (one executor) are not."""
+def test_openmp_throttle_only_when_two_multi_threaded_ops_run_at_once() -> None:
+    """The runtime runs every multi-threaded op on the calling thread (one
+    OpenMP team) unless one is already running there.  ``a`` fans out to ``b``
+    and ``c``: one-thread ``b`` / ``c`` beside each other, or 2-thread ops one
+    at a time, keep one team (no throttle); on 4 cores, 2-thread ``b`` and
+    ``c`` side by side need a second team, and every 2-thread op is then
+    priced ``max(t(2), t(1)) + team``."""
     def conv(i: str, flops: float) -> Op:
         return Op(i, i, "conv", flops, 1e4, 1e4, 0.0, (1, 8))
 
-    ops = (conv("a", 2e8), conv("b", 1e7), conv("c", 1e8), conv("d", 2e8))
-    g = OpGraph(ops, (Edge("a", "b"), Edge("a", "c"), Edge("b", "d")), name="fan")
-    cpu = MACHINE.cpu
+    ops = (conv("a", 2e8), conv("b", 1e8), conv("c", 1e8), conv("d", 2e8))
+    g = OpGraph(ops, (Edge("a", "b"), Edge("a", "c"), Edge("b", "d"), Edge("c", "d")), name="fan")
     model = CalibratedModel(MODEL, RuntimeCalibration(team_overhead_s=5e-5))
+
+    def plan(machine: Machine, k_bc: int) -> Plan:
+        return Plan.build(g, machine, {"a": Assignment("cpu", 2, 4.0), "b": Assignment("cpu", k_bc, 3.0),
+                                       "c": Assignment("cpu", k_bc, 2.0), "d": Assignment("cpu", 2, 1.0)})
+
+    for machine, k_bc in ((MACHINE, 1), (MACHINE, 2)):  # 2 cores: at most one 2-thread op at a time
+        tr = SimBackend(machine, model).run(g, plan(machine, k_bc))
+        assert "omp_throttled" not in tr.meta
+        assert tr.makespan == pytest.approx(SimBackend(machine, MODEL).run(g, plan(machine, k_bc)).makespan)
+    four = Machine("four-core", (Device("cpu", "cpu", 4, 50.0, 20.0, 8.0),))
+    cpu = four.cpu
     t = {op.id: (MODEL.op_time(op, cpu, 1), MODEL.op_time(op, cpu, 2)) for op in ops}
     assert t["a"][1] < t["a"][0]
-    mixed = Plan.build(g, MACHINE, {"a": Assignment("cpu", 2, 4.0), "b": Assignment("cpu", 1, 3.0),
-                                    "c": Assignment("cpu", 1, 2.0), "d": Assignment("cpu", 2, 1.0)})
-    tr = SimBackend(MACHINE, model).run(g, mixed)
+    tr = SimBackend(four, model).run(g, plan(four, 2))
     assert tr.meta.get("omp_throttled") is True
-    assert tr.makespan == pytest.approx(t["a"][0] + 5e-5 + t["c"][0] + t["d"][0] + 5e-5, rel=1e-6)
-    # without the term: the plain times
-    plain = SimBackend(MACHINE, MODEL).run(g, mixed)
-    assert plain.makespan == pytest.approx(t["a"][1] + t["c"][0] + t["d"][1], rel=1e-6)
-    # every op at 2 threads: one op at a time on one executor, no throttle
-    wide = Plan.build(g, MACHINE, {o.id: Assignment("cpu", 2, float(4 - i)) for i, o in enumerate(ops)})
-    tr = SimBackend(MACHINE, model).run(g, wide)
-    assert "omp_throttled" not in tr.meta
-    assert tr.makespan == pytest.approx(sum(v[1] for v in t.values()), rel=1e-6)
+    assert tr.makespan == pytest.approx(t["a"][0] + t["b"][0] + t["d"][0] + 3 * 5e-5, rel=1e-6)
+    assert "omp_throttled" not in SimBackend(four, model).run(g, plan(four, 1)).meta
 
 
 def test_runtime_calibration_round_trips_and_rejects_bad_files(tmp_path) -> None:
