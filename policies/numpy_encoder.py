@@ -186,10 +186,13 @@ class EncoderEpisode:
         np.add.at(adj[1], (src, dst), e)   # adj[1][i, j]: weight of edge i -> j (mean over successors)
         adj /= np.maximum(adj.sum(axis=2, keepdims=True), 1.0)
         self.adj = adj.reshape(2 * n, n)
-        #: Rows j and n + j: column j of the predecessor and of the successor mean
-        #: (who reads row j of h), so a change of rows C of h reaches z through
-        #: one gather and one product: ``adj_cols[[C, C + n]].T @ [D P; D Q]``.
-        self.adj_cols = np.ascontiguousarray(np.concatenate([adj[0].T, adj[1].T]))
+        #: Rows 3j, 3j + 1, 3j + 2: column j of the identity, of the predecessor
+        #: mean and of the successor mean (where row j of h goes), interleaved so
+        #: that a change ``D`` of rows C of h reaches z through one gather and one
+        #: product with ``(D [S | P | Q]).reshape(3k, H)``, a free view.
+        self.adj_cols = np.ascontiguousarray(
+            np.stack([np.eye(n, dtype=np.float32), adj[0].T, adj[1].T], axis=1).reshape(3 * n, n))
+        self._three = np.arange(3)
         #: Symmetric "i and j are neighbours or equal": the rows a changed row reaches in one round.
         self.near = (adj[0] != 0) | (adj[1] != 0) | (adj[0] != 0).T | (adj[1] != 0).T | np.eye(n, dtype=bool)
         H = enc.hidden
@@ -220,8 +223,7 @@ class EncoderEpisode:
                 break
             d = delta @ self.w_side[r]  # (k, 3H): the change times S, P and Q
             z = self._z[r]
-            z[rows] += d[:, :H]
-            z += self.adj_cols[np.concatenate([rows, rows + self.n])].T @ np.concatenate([d[:, H:2 * H], d[:, 2 * H:]])
+            z += self.adj_cols[(3 * rows[:, None] + self._three).ravel()].T @ d.reshape(-1, H)
             rows = np.flatnonzero(self.near[rows].any(axis=0))
             delta = _store(self._h[r + 1], rows, np.maximum(z[rows], 0.0))
         return self._h[-1]
