@@ -66,4 +66,8 @@ from opsched.commands import (  # noqa: E402,F401
 )
 
 if __name__ == "__main__":
-    main()
+    # ``python -m opsched.cli``: the commands registered on the imported
+    # ``opsched.cli`` module's app, not on this ``__main__`` copy's.
+    from opsched.cli import main as _main
+
+    _main()
