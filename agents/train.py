@@ -147,7 +147,11 @@ def _train(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, on_eval:
            console: Console | None) -> Run:
     console = console or Console(stderr=True)
     with RunLock(run.path):
-        return _train_locked(run, cfg, checkpoint, progress, on_eval, console)
+        threads = th.get_num_threads()
+        try:
+            return _train_locked(run, cfg, checkpoint, progress, on_eval, console)
+        finally:  # training's thread count must not leak into the caller (quickstart's eager run)
+            th.set_num_threads(threads)
 
 
 def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, on_eval: Any,

@@ -44,8 +44,12 @@ def _only_run(tmp_path: Path) -> Path:
 
 
 def test_tiny_run_writes_every_file(tmp_path):
+    import torch
+
+    torch.set_num_threads(2)
     result = _train(tmp_path, "--name", "tiny", "--timesteps", "256", *TINY)
     assert result.exit_code == 0, result.output
+    assert torch.get_num_threads() == 2  # training's own thread count does not leak into the caller
     run = tmp_path / "tiny_1"
     for name in ("config.yaml", "command.txt", "versions.json", "evaluations.csv", "best_model.zip",
                  "final_model.zip", "learning_curve.png", "heldout_baselines.json"):
