@@ -652,7 +652,7 @@ class SimBackend(Backend):
         st = self._dispatch(s, dev, thr, order, rank, after, noise, False)
         throttled = False
         if s.team_s > 0.0 and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)) \
-                and _team_holders(st, s, rank) > 1:
+                and _team_holders(st, s) > 1:
             # several executor threads hold OpenMP teams: priced as the runtime runs them
             st = self._dispatch(s, dev, thr, order, rank, after, noise, True)
             throttled = True
@@ -689,7 +689,7 @@ class SimBackend(Backend):
             st.advance()
 
 
-def _team_holders(st: SimState, s: SimStatic, rank: Sequence[int]) -> int:
+def _team_holders(st: SimState, s: SimStatic) -> int:
     """How many threads of a real runtime would hold an OpenMP team in this
     finished simulation (CPU ops only: OpenMP teams are per process).
 
@@ -698,8 +698,7 @@ def _team_holders(st: SimState, s: SimStatic, rank: Sequence[int]) -> int:
     already running one: then a worker runs it and gets a team of its own,
     kept afterwards (the pool persists across runs, so warm-up runs leave the
     same teams).  So the holders are the most multi-threaded ops that enter a
-    parallel region and run at the same time (``rank`` is unused: kept for
-    callers that replay dispatch order)."""
+    parallel region and run at the same time."""
     events: list[tuple[float, int]] = []
     for i in range(s.n):
         if st.threads[i] > 1 and s.parallel[i] and not s.devices[st.device[i]].is_gpu:

@@ -11,6 +11,7 @@ numpy operations per step.  Column meanings live in :mod:`opsched.envs.spaces`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +140,7 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
     )
 
 
-def level_features(times: np.ndarray, levels: Any, max_nodes: int, max_levels: int = MAX_LEVELS) -> np.ndarray:
+def level_features(times: np.ndarray, levels: Sequence[int], max_nodes: int, max_levels: int = MAX_LEVELS) -> np.ndarray:
     """(max_nodes, max_levels) float32: ``log2(t(1) / t(k_l)) / 7`` per op and CPU
     thread level ``k_l`` (the op's speed-up there, log scale, clipped to [-1, 1]);
     0 for padding and for levels the device lacks.
