@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from opsched.envs.spaces import LEVEL_KEY, MAX_LEVELS
 from opsched.errors import PolicyError
 
 #: What ``export_run`` exports unless told otherwise: the best held-out model.
@@ -46,12 +45,11 @@ def export_policy(policy: Any, out_dir: str | Path, *, machines: list[str] | Non
     if encoder is None or not hasattr(encoder, "rounds"):
         raise PolicyError(f"export: {type(policy).__name__} has no graph encoder (expected opsched's GraphPolicy)")
     arrays = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in encoder.state_dict().items()}
-    levels = MAX_LEVELS if LEVEL_KEY in encoder.node_keys else 0
     if gpus is None:
         gpus = _any_gpu(machines) if machines else True  # unknown machines: do not refuse GPUs
     out = write_policy(out_dir, arrays, hidden=int(encoder.hidden), rounds=int(encoder.rounds),
                        max_nodes=int(encoder.n_nodes), max_edges=int(encoder.n_edges), machines=machines,
-                       gpus=gpus, max_graph_ops=max_graph_ops, source=source, levels=levels)
+                       gpus=gpus, max_graph_ops=max_graph_ops, source=source)
     if verify:
         verify_export(pol, out)
     return out
