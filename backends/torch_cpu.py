@@ -84,7 +84,7 @@ from opsched.backends.base import Backend
 from opsched.backends.executor import CompiledPlan, OpFailure, WorkerPool, cpu_core_map, run_serial
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
-from opsched.importers.torch_fx import Slot
+from opsched.importers.torch_fx import output_slots
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace, TraceEvent
@@ -296,20 +296,9 @@ def _torch_source(graph: OpGraph) -> Any:
 def _protected_slots(src: Any) -> set[int] | None:
     """Slots never freed early: graph inputs, constants, outputs (None: unknown, free nothing)."""
     try:
-        protected = set(src.input_slots) | set(src.const_slots)
-        spec = src.output_spec
+        return set(src.input_slots) | set(src.const_slots) | set(output_slots(src.output_spec))
     except AttributeError:
         return None
-    stack = [spec]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Slot):
-            protected.add(x.index)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return protected
 
 
 def _execution_error(graph: OpGraph, cp: CompiledPlan, f: OpFailure) -> ExecutionError:

@@ -870,6 +870,7 @@ class TorchCUDABackend(Backend):
 
     def _compile(self, graph: OpGraph, plan: Plan) -> _Compiled:
         from opsched.backends.torch_cpu import _protected_slots, _torch_source
+        from opsched.importers.torch_fx import output_slots
 
         plan.validate(graph, self.machine)
         bad = visible_gpu_problems(graph, plan, self.visible_gpus)
@@ -903,7 +904,7 @@ class TorchCUDABackend(Backend):
         devices = sorted({plan[op.id].device for op in graph.ops} | set(sched.devices))
         replicas = {d: self._replica(src, d) for d in devices}
         fns = [replicas[plan[op.id].device].fns[op.id] for op in graph.ops]
-        outputs = sorted({s for s in _output_slots(src.output_spec)})
+        outputs = sorted(set(output_slots(src.output_spec)))
         threads = [plan[op.id].threads for op in graph.ops]
         cp = _Compiled(graph, plan, sched, fns, replicas, tuple(src.input_slots), outputs, threads)
         cp.n_slots = src.n_slots
@@ -1286,21 +1287,6 @@ class CapturedPlan:
 
 def _params(gm: torch.nn.Module) -> list[torch.Tensor]:
     return list(gm.parameters()) + list(gm.buffers())
-
-
-def _output_slots(spec: Any) -> list[int]:
-    from opsched.importers.torch_fx import Slot
-
-    out, stack = [], [spec]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Slot):
-            out.append(x.index)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(x)
-        elif isinstance(x, dict):
-            stack.extend(x.values())
-    return out
 
 
 def _mutable_slots(src: Any, index: Mapping[str, int]) -> tuple[set[int], dict[int, tuple[int, ...]]]:

@@ -145,6 +145,21 @@ class Slot(NamedTuple):
     index: int
 
 
+def output_slots(spec: Any) -> list[int]:
+    """The value slots a ``TorchSource.output_spec`` (nested lists, tuples and
+    dicts of :class:`Slot`) refers to, in no particular order."""
+    out, stack = [], [spec]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Slot):
+            out.append(x.index)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return out
+
+
 @dataclass(frozen=True)
 class CompiledOp:
     """One op, ready to run: ``run(values)`` reads ``values[s]`` for ``s`` in
