@@ -202,6 +202,13 @@ def _finish(run: _Run) -> None:
     run.team_q.put(None)
 
 
+def _check_deadlock(run: _Run) -> None:
+    """Nothing runs any more (caller holds the lock): ops never done fail the run."""
+    if not run.aborted and run.n_done != run.cp.n:
+        run.error = (-1, RuntimeError(f"deadlock: {run.cp.n - run.n_done} op(s) can never become ready"))
+        run.aborted = True
+
+
 def _give(state: _PoolState, run: _Run, task: tuple[int, tuple[int, ...]]) -> None:
     """Hand a started op on (caller holds the lock): a multi-threaded one to
     the calling thread unless it already has one, anything else to a worker."""
@@ -363,7 +370,6 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...])
     ready, ndeps, free = run.ready, run.ndeps, run.free
     starts, ends, core_rec, lanes = run.starts, run.ends, run.cores, run.lanes
     rcount = run.rcount
-    n = cp.n
     get_threads, set_threads = state.get_threads, state.set_threads
     pins = state.pins
     while True:
@@ -427,10 +433,8 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...])
                     else:
                         state.idle.append(w)
                     finished = run.running == 0
-                    if finished and not run.aborted and run.n_done != n:
-                        run.error = (-1, RuntimeError(
-                            f"deadlock: {n - run.n_done} op(s) can never become ready"))
-                        run.aborted = True
+                    if finished:
+                        _check_deadlock(run)
         if drop:
             for s in drop:
                 values[s] = None
@@ -544,8 +548,7 @@ class WorkerPool:
                 else:
                     _give(state, run, task)
             if run.running == 0:  # nothing could start (an empty plan)
-                if run.n_done != run.cp.n:
-                    run.error = (-1, RuntimeError(f"deadlock: {run.cp.n - run.n_done} op(s) can never become ready"))
+                _check_deadlock(run)
                 _finish(run)
         if mine is not None:
             _drive(state, CALLER_LANE, run, *mine)
