@@ -35,6 +35,20 @@ Two pieces, both framework-neutral (an op is any ``fn(values)`` callable):
     two multi-threaded ops run side by side does the second go to a worker
     (a second team: unavoidable then).
 
+    Pinning in plans with multi-threaded ops: after every parallel region the
+    helper threads of the caller's team keep spin-waiting for the next one
+    (libgomp's default ``GOMP_SPINCOUNT``, a few milliseconds here), each on a
+    core of its own.  A worker pinned to that core runs its one-thread op at
+    half speed meanwhile, even when another core sits idle - measured here
+    (``bench/mixed_plans.py``): one-thread ops of such plans 1.3-4x slower
+    than in a chain.  The helpers' CPUs are the kernel's choice and unknown
+    to us, so in such plans the workers run *unpinned* (``pin_mixed=False``,
+    the default) and the kernel's wake-up placement puts them on an idle core;
+    plans of one-thread ops only start no team and stay pinned.  Making the
+    helpers stop spinning sooner (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``) is
+    possible only at process start and costs every chain of multi-threaded
+    ops and eager PyTorch a wake-up per parallel region (same benchmark).
+
 Cancellation and failure: an op that raises marks the run failed; no new op
 is dispatched, running ops finish, and when the last one does the caller is
 woken and raises.  A ``KeyboardInterrupt`` in the caller does the same
@@ -166,10 +180,12 @@ class _Run:
     """The mutable state of one run; every field below ``lock`` is guarded by the pool lock."""
 
     __slots__ = ("cp", "values", "ready", "ndeps", "free", "running", "n_done", "aborted", "error", "starts",
-                 "ends", "cores", "lanes", "done", "rcount", "free_values", "team_q", "team_busy")
+                 "ends", "cores", "lanes", "done", "rcount", "free_values", "team_q", "team_busy", "pin")
 
-    def __init__(self, cp: CompiledPlan, values: list, free_values: bool) -> None:
+    def __init__(self, cp: CompiledPlan, values: list, free_values: bool, pin: bool = True) -> None:
         self.cp = cp
+        #: Whether workers pin themselves to their slots' CPUs in this run.
+        self.pin = pin
         self.values = values
         self.ready = list(cp.initial_ready)
         self.ndeps = list(cp.ndeps)
@@ -267,6 +283,8 @@ class _PoolState:
                  thread_init: Callable[[], None] | None) -> None:
         self.lock = threading.Lock()
         self.core_map = core_map
+        #: The CPUs an unpinned worker may run on (the process's affinity at start).
+        self.allowed: set[int] | None = set(os.sched_getaffinity(0)) if core_map is not None else None
         self.name = name
         self.queues: list[queue.SimpleQueue] = []
         self.threads: list[threading.Thread] = []
@@ -290,13 +308,14 @@ class _PoolState:
         return w
 
     def hand(self, task: tuple) -> None:
-        """Give ``task`` to an idle worker - one already pinned to its cores if
-        any, so it need not move - spawning one if none is idle; caller holds the lock."""
+        """Give ``task`` to an idle worker - one already pinned to its cores (or
+        unpinned, in a run that does not pin) if any, so it need not move -
+        spawning one if none is idle; caller holds the lock."""
         idle = self.idle
         if not idle:
             w = self.spawn()
         else:
-            cores, pins = task[2], self.pins
+            cores, pins = (task[2] if task[0].pin else None), self.pins
             for j in range(len(idle) - 1, -1, -1):
                 if pins[idle[j]] == cores:
                     w = idle.pop(j)
@@ -343,12 +362,14 @@ def _worker_main(state: _PoolState, w: int) -> None:
             _finish(run)
 
 
-def _pin(state: _PoolState, w: int, cores: tuple[int, ...]) -> None:
+def _pin(state: _PoolState, w: int, cores: tuple[int, ...] | None) -> None:
+    """Pin the calling worker ``w`` to the CPUs of slots ``cores`` (None: unpin
+    it, back to every CPU the process started with)."""
     cmap = state.core_map
     if cmap is None or state.pins[w] == cores:
         return
     try:
-        os.sched_setaffinity(0, {cmap[c] for c in cores})
+        os.sched_setaffinity(0, state.allowed if cores is None else {cmap[c] for c in cores})
         state.pins[w] = cores
     except (OSError, AttributeError) as exc:  # not permitted here (container, seccomp, macOS)
         state.pin_error = f"{type(exc).__name__}: {exc}"
@@ -372,14 +393,15 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...])
     rcount = run.rcount
     get_threads, set_threads = state.get_threads, state.set_threads
     pins = state.pins
+    pin = run.pin
     while True:
         k = threads[i]
         # The first op a thread runs may reset its intra-op count to the process
         # default, so read it first and set ours whenever it differs.
         if get_threads is not None and get_threads() != k:
             set_threads(k)
-        if not caller and state.core_map is not None and pins[w] != cores:
-            _pin(state, w, cores)
+        if not caller and state.core_map is not None and pins[w] != (cores if pin else None):
+            _pin(state, w, cores if pin else None)
         err = None
         t0 = perf_counter()
         try:
@@ -452,14 +474,17 @@ class WorkerPool:
     pinning).  ``set_threads`` / ``get_threads`` set and read the calling
     thread's intra-op thread count before each op; ``thread_init`` runs once in
     each new worker (e.g. to disable autograd, which is thread-local).
+    ``pin_mixed``: keep workers pinned in plans that have multi-threaded ops
+    too (by default they run unpinned there; see the module docstring).
     """
 
     def __init__(self, slots: int, core_map: list[int] | None = None, name: str = "opsched-exec",
                  set_threads: Callable[[int], None] | None = None, get_threads: Callable[[], int] | None = None,
-                 thread_init: Callable[[], None] | None = None) -> None:
+                 thread_init: Callable[[], None] | None = None, pin_mixed: bool = False) -> None:
         if slots < 1:
             raise ValueError(f"WorkerPool needs at least one slot, got {slots}")
         self.slots = slots
+        self.pin_mixed = pin_mixed
         self._state = _PoolState(core_map, name, set_threads, get_threads, thread_init)
         self._last: _Run | None = None
         self._call_lock = threading.Lock()
@@ -477,6 +502,11 @@ class WorkerPool:
         """Slot -> OS CPU while pinning is in effect, else None."""
         cmap = self._state.core_map
         return list(cmap) if cmap is not None else None
+
+    def pins_run(self, cp: CompiledPlan) -> bool:
+        """Whether a run of ``cp`` pins its workers: pinning is in effect and
+        the plan has no multi-threaded op (or ``pin_mixed``)."""
+        return self._state.core_map is not None and (self.pin_mixed or max(cp.threads, default=1) == 1)
 
     @property
     def pin_error(self) -> str | None:
@@ -522,7 +552,7 @@ class WorkerPool:
                 # A run interrupted twice left ops running: let them drain first.
                 while not prev.done.wait(_WAIT_SLICE_S):
                     pass
-            run = _Run(cp, values, free_values)
+            run = _Run(cp, values, free_values, self.pins_run(cp))
             self._last = run
             try:
                 self._serve(run)

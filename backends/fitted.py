@@ -54,6 +54,8 @@ from opsched.machine import Device, Machine
 _MIN_TIME = 1e-7
 #: Op kinds whose CPU kernels (oneDNN, MKL) always run an OpenMP parallel region at > 1 thread.
 PARALLEL_KINDS = frozenset({"conv", "matmul", "rnn", "attention"})
+#: Reference op time of :attr:`RuntimeCalibration.insitu_exp` (seconds).
+INSITU_REF_S = 1e-4
 #: ATen's ``internal::GRAIN_SIZE``: element-wise loops over fewer elements run on one thread.
 ATEN_GRAIN_SIZE = 32768
 
@@ -532,7 +534,23 @@ class RuntimeCalibration:
       law as memory bandwidth in :meth:`AnalyticModel.slowdown`;
     * ``corun_c0``: a flat slowdown of ops that co-run (shared caches,
       frequency, hand-offs between executor threads);
+    * ``handoff_s``: waking a sleeping executor thread: the runtime's calling
+      thread runs the multi-threaded ops, workers the one-thread ops, and an
+      op started by a thread other than the one that runs it (a dependency
+      that crosses between them, or a second co-running op) waits for its
+      thread to wake (the simulator follows the runtime's rule: see
+      "Hand-offs" in ``backends/sim.py``);
+    * ``insitu_exp``: the in-situ factor depends on the op's size: the
+      profiled time ``t`` becomes ``insitu_factor * t * (t / 100 us) **
+      insitu_exp`` (0: one factor for all; < 0: small ops - whose code,
+      branch history and caches a loop kept warm - slow down more in a run
+      than big compute-bound ones);
+    * ``stream_overlap``: 1 (default) when the memory streams overlap with
+      the computation (the ``max`` above), 0 when they add to it;
     * ``fitted_on``: what it was fitted on (models / plans), for the record.
+
+    Fields absent from a saved calibration take their neutral value (older
+    files load unchanged).
     """
 
     op_overhead_s: float = 0.0
@@ -544,9 +562,16 @@ class RuntimeCalibration:
     cold_byte_s: float = 0.0
     act_byte_s: float = 0.0
     fitted_on: tuple[str, ...] = ()
+    handoff_s: float = 0.0
+    insitu_exp: float = 0.0
+    stream_overlap: float = 1.0
 
     _FIELDS = ("op_overhead_s", "host_s", "corun_c0", "insitu_factor", "thread_switch_s", "team_overhead_s",
-               "cold_byte_s", "act_byte_s")
+               "cold_byte_s", "act_byte_s", "handoff_s", "insitu_exp",
+               "stream_overlap")
+    #: Fields that may be negative, and each field's value when a file lacks it.
+    _SIGNED = frozenset({"insitu_exp"})
+    _DEFAULTS = {"insitu_factor": 1.0, "stream_overlap": 1.0}
 
     def to_dict(self) -> dict[str, object]:
         return {**{k: getattr(self, k) for k in self._FIELDS}, "fitted_on": list(self.fitted_on)}
@@ -554,15 +579,18 @@ class RuntimeCalibration:
     @classmethod
     def from_dict(cls, data: Mapping[str, object], where: str = "<dict>") -> RuntimeCalibration:
         try:
-            vals = {k: float(data.get(k, 1.0 if k == "insitu_factor" else 0.0))  # type: ignore[arg-type]
+            vals = {k: float(data.get(k, cls._DEFAULTS.get(k, 0.0)))  # type: ignore[arg-type]
                     for k in cls._FIELDS}
             fitted_on = tuple(str(x) for x in data.get("fitted_on", ()))  # type: ignore[union-attr]
         except (TypeError, ValueError, AttributeError) as exc:
             raise ProfileError(f"{where}: malformed runtime calibration: {exc}") from None
-        bad = [k for k, v in vals.items() if not np.isfinite(v) or v < 0]
+        bad = [k for k, v in vals.items() if not np.isfinite(v) or (v < 0 and k not in cls._SIGNED)]
         if bad:
-            raise ProfileError(f"{where}: runtime calibration {bad[0]} must be a finite number >= 0, "
-                               f"got {vals[bad[0]]!r}")
+            raise ProfileError(f"{where}: runtime calibration {bad[0]} must be a finite number"
+                               f"{'' if bad[0] in cls._SIGNED else ' >= 0'}, got {vals[bad[0]]!r}")
+        if not 0.0 <= vals["stream_overlap"] <= 1.0:
+            raise ProfileError(f"{where}: runtime calibration stream_overlap must be 0 or 1 (or between), "
+                               f"got {vals['stream_overlap']!r}")
         return cls(**vals, fitted_on=fitted_on)
 
     def save(self, path: str | Path) -> None:
@@ -618,6 +646,10 @@ class CalibratedModel:
     def team_overhead_s(self) -> float:
         return self.calibration.team_overhead_s
 
+    @property
+    def handoff_s(self) -> float:
+        return self.calibration.handoff_s
+
     @staticmethod
     def opens_parallel_region(op: Op) -> bool:
         """Whether a multi-threaded run of ``op`` enters an OpenMP parallel region
@@ -632,7 +664,15 @@ class CalibratedModel:
         """An op's time in a run from its profiled time ``t`` and the time
         ``stream_s`` to fetch what the profile had in cache (overlapped)."""
         c = self.calibration
-        return np.maximum(c.insitu_factor * t, stream_s) + c.op_overhead_s
+        if c.insitu_exp:
+            tt = np.maximum(t, _MIN_TIME)
+            t = np.where(np.isfinite(tt), tt * (tt / INSITU_REF_S) ** c.insitu_exp, tt)
+        comp = c.insitu_factor * t
+        if c.stream_overlap >= 1.0:
+            return np.maximum(comp, stream_s) + c.op_overhead_s
+        # partial overlap: between the roofline's max and the plain sum
+        w = c.stream_overlap
+        return w * np.maximum(comp, stream_s) + (1.0 - w) * (comp + stream_s) + c.op_overhead_s
 
     def _act(self, op: Op) -> float:
         return self.calibration.act_byte_s * max(0.0, op.bytes_total - op.param_bytes)

@@ -37,6 +37,17 @@ What is simulated (and why it is enough for scheduling decisions):
   parallel region takes ``max(t(k), t(1)) + team_overhead_s`` - the process
   then has more OpenMP threads than cores and libgomp stops spin-waiting); see
   :class:`~opsched.backends.fitted.CalibratedModel`.
+* **Hand-offs.**  A model with ``handoff_s > 0`` (a calibrated real runtime)
+  also follows the runtime's threads (``backends/executor.py``): the calling
+  thread runs every multi-threaded CPU op (one at a time; a second one at
+  once goes to a worker), workers run one-thread ops, and the thread that
+  finishes an op dispatches what becomes ready, keeping the first op that is
+  its own to run (and a chain's only ready op of its size).  Every other
+  started op is handed to a sleeping thread, which must be woken: its compute
+  starts ``handoff_s`` after its dispatch (slots held meanwhile; listed in the
+  trace's ``meta["handoff_wait"]``).  A run whose last op ends on a worker
+  wakes the calling thread once more: ``meta["wake_end_s"]``.  A model
+  without the field pays nothing for it (the common path checks one flag).
 * **Noise.**  Optional: every op's alone time is multiplied by a lognormal
   factor ``exp(N(0, noise))`` drawn from a seeded generator.
 * **Memory.**  Bytes of live tensors per device (an output lives on its
@@ -148,6 +159,8 @@ class SimStatic:
         # ... and of multi-threaded ops once several executors hold OpenMP teams
         # (more OpenMP threads than cores: libgomp stops spin-waiting).
         self.team_s = float(getattr(model, "team_overhead_s", 0.0) or 0.0)
+        # ... and of waking a sleeping executor thread that an op is handed to (see "Hand-offs").
+        self.handoff_s = float(getattr(model, "handoff_s", 0.0) or 0.0)
         opens = getattr(model, "opens_parallel_region", None) if self.team_s > 0.0 or self.switch_s > 0.0 else None
         self.parallel = [bool(opens(op)) if callable(opens) else True for op in graph.ops]
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
@@ -268,6 +281,16 @@ class SimState:
         self._last_threads: list[int] | None = [0] * nd if static.switch_s > 0.0 else None
         self._throttled = omp_throttled and static.team_s > 0.0
         self._runtime_costs = self._last_threads is not None or self._throttled  # one test per op start
+        # hand-offs between a real runtime's threads (see the module docstring); off without handoff_s
+        self._handoff = static.handoff_s if static.handoff_s > 0.0 else 0.0
+        if self._handoff:
+            self._on_caller = [False] * n  # op i runs (ran) on the calling thread
+            self._caller_busy = False
+            # threads that just finished an op and may keep one they dispatch:
+            # (is the calling thread, threads of the op it finished); at t=0 the caller dispatches
+            self._keepers: list[tuple[bool, int]] = [(True, 0)]
+            self.handoff_wait = [0.0] * n
+        self.wake_end = 0.0
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._running: set[int] = set()
@@ -374,6 +397,8 @@ class SimState:
     def _start(self, i: int, d: int, k: int) -> None:
         s = self.static
         now = self.now
+        if self._handoff:
+            self._chain = len(self._ready) == 1  # op i is the only ready op (the runtime's chain case)
         self._ready.discard(i)
         self._running.add(i)
         self.status[i] = RUNNING
@@ -396,6 +421,10 @@ class SimState:
                 if t > arrive:
                     arrive = t
                 mem[d] += b
+        if self._handoff and not s.devices[d].is_gpu:
+            t = self._hand_off(i, k)
+            if t > arrive:
+                arrive = t
         t_alone, demand = s.time_and_demand(i, d, k)
         if self._noise is not None:
             t_alone *= self._noise[i]
@@ -410,6 +439,33 @@ class SimState:
             heapq.heappush(self._heap, (arrive, self._seq, i, -1))
         else:
             self._begin(i)
+
+    def _hand_off(self, i: int, k: int) -> float:
+        """When CPU op ``i`` (``k`` threads), dispatched now, starts computing
+        as far as the runtime's threads go (see "Hand-offs" in the module
+        docstring): now when a thread that just finished an op keeps it, else
+        after waking the thread it is handed to."""
+        caller = k > 1 and not self._caller_busy
+        keepers = self._keepers
+        hit = -1
+        if self._chain:  # the only ready op, of the finished op's size: that thread goes on with it
+            for j, (kc, kk) in enumerate(keepers):
+                if kk == k:
+                    hit, caller = j, kc
+                    break
+        if hit < 0:
+            for j, (kc, _) in enumerate(keepers):
+                if kc == caller:
+                    hit = j
+                    break
+        if caller:
+            self._caller_busy = True
+        self._on_caller[i] = caller
+        if hit >= 0:
+            del keepers[hit]
+            return self.now
+        self.handoff_wait[i] = self._handoff
+        return self.now + self._handoff
 
     def _runtime_time(self, i: int, d: int, k: int, t_alone: float) -> float:
         """``t_alone`` plus a real runtime's thread-switch and OpenMP-team costs
@@ -495,6 +551,8 @@ class SimState:
         the completed ops in completion order; ``newly_ready`` gains the ops
         that became ready."""
         self._flush()
+        if self._handoff:
+            self._keepers.clear()  # threads that kept nothing went back to sleep
         heap, ver = self._heap, self._ver
         completed: list[int] = []
         pop = heapq.heappop
@@ -533,6 +591,14 @@ class SimState:
         self.n_done += 1
         self._running.discard(i)
         d = self.device[i]
+        if self._handoff and not s.devices[d].is_gpu:
+            on_caller = self._on_caller[i]
+            if on_caller:
+                self._caller_busy = False
+            self._keepers.append((on_caller, self.threads[i]))
+            if self.n_done == s.n and not on_caller:
+                self.wake_end = self._handoff  # the calling thread sleeps until the run is over
+
         self.free[d] += self.threads[i]
         slots = self._slots[d]
         slots.extend(self.cores[i])
@@ -565,6 +631,7 @@ class SimState:
         ids = s.op_ids if op_ids is None else op_ids
         events = []
         waits = {}
+        handoffs: dict[str, float] = {}
         for i in sorted(self._running.union(j for j in range(s.n) if self.status[j] == DONE),
                         key=lambda j: (self.dispatch_time[j], j)):
             d = self.device[i]
@@ -574,12 +641,19 @@ class SimState:
             end = self.end_time[i]
             if math.isnan(end):
                 end = self.now + self.remaining(i)
-            if start > self.dispatch_time[i]:
-                waits[ids[i]] = start - self.dispatch_time[i]
+            wait = start - self.dispatch_time[i]
+            if self._handoff and self.handoff_wait[i] > 0.0:
+                handoffs[ids[i]] = self.handoff_wait[i]
+                wait = wait - self.handoff_wait[i] if wait - self.handoff_wait[i] > 1e-12 else 0.0
+            if wait > 0.0:
+                waits[ids[i]] = wait
             lane = self.cores[i][0] if s.devices[d].is_gpu else None
             events.append(TraceEvent(ids[i], start, end, s.dev_ids[d], self.threads[i], self.cores[i], lane))
         if waits:
             meta["transfer_wait"] = waits
+        if self._handoff:
+            meta["handoff_wait"] = handoffs
+            meta["wake_end_s"] = self.wake_end
         return Trace(tuple(events), backend=backend, meta=meta)
 
 

@@ -40,7 +40,12 @@ is impossible - no ``sched_setaffinity`` (macOS, Windows), a container that
 forbids it, or a preset machine with more slots than this process has CPUs -
 the run is unpinned: ops still take slots (the trace's ``cores`` are slot
 numbers) and ``trace.meta['pinned']`` is False with ``meta['pin_note']``
-saying why.  The OpenMP team a worker uses for intra-op parallelism is created
+saying why.  Plans with multi-threaded ops run their workers *unpinned*
+(``pin=True``; ``pin="always"`` pins them too): after each parallel region
+the caller's OpenMP helper threads spin on cores the kernel chose, and a
+worker pinned to such a core runs at half speed while another core idles;
+unpinned, the kernel wakes it on the idle one (``executor.py``;
+``bench/mixed_plans.py`` measures it).  The OpenMP team a worker uses for intra-op parallelism is created
 by the worker's first multi-threaded op and inherits its affinity then; later
 ops reuse that team, so on a machine with many slots a team's helper threads
 keep the CPUs of that first op.
@@ -105,6 +110,10 @@ def recommended_env() -> dict[str, str]:
     }
 
 
+_MIXED_NOTE = ("workers unpinned: the plan has multi-threaded ops, whose OpenMP helpers spin on cores "
+               "the kernel chooses after each parallel region (pin='always' pins anyway)")
+
+
 def _worker_init() -> None:
     # Autograd mode is thread-local: workers run inference like run_node_by_node.
     torch.set_grad_enabled(False)
@@ -116,7 +125,10 @@ class TorchCPUBackend(Backend):
     Arguments:
         machine: the machine plans are made for; its ``cpu`` device's
             ``cores`` is the number of core slots.
-        pin: pin executor threads to their slots' CPUs where permitted.
+        pin: pin executor threads to their slots' CPUs where permitted, in
+            plans whose ops all run on one thread (``True``, the default);
+            also in plans with multi-threaded ops (``"always"``: slower
+            here, see the module docstring); never (``False``).
         free_values: drop intermediate tensors once their last reader is done
             (as eager fx code does), keeping peak memory near eager's.
         cache_size: how many compiled (graph, plan) pairs to keep.
@@ -125,7 +137,10 @@ class TorchCPUBackend(Backend):
     name = "torch-cpu"
     measured = True
 
-    def __init__(self, machine: Machine, pin: bool = True, free_values: bool = True, cache_size: int = 32) -> None:
+    def __init__(self, machine: Machine, pin: bool | str = True, free_values: bool = True,
+                 cache_size: int = 32) -> None:
+        if pin not in (True, False, "always"):
+            raise ValueError(f"TorchCPUBackend: pin must be True, False or 'always', got {pin!r}")
         super().__init__(machine)
         self.slots = machine.cpu.cores
         self.free_values = free_values
@@ -136,7 +151,7 @@ class TorchCPUBackend(Backend):
         self._pin_note = note
         self._pool = WorkerPool(self.slots, core_map, name="opsched-torch-cpu",
                                 set_threads=torch.set_num_threads, get_threads=torch.get_num_threads,
-                                thread_init=_worker_init)
+                                thread_init=_worker_init, pin_mixed=pin == "always")
 
     # -------------------------------------------------------------- compile
     def compile(self, graph: OpGraph, plan: Plan) -> CompiledPlan:
@@ -201,6 +216,7 @@ class TorchCPUBackend(Backend):
         values = src.new_values(*(src.example_inputs if inputs is None else inputs))
         starts, ends, cores, lanes, t0, wall = self._execute(graph, cp, values, record=True)
         serial = cp.serial_order is not None
+        pinned = not serial and self._pool.pins_run(cp)
         threads, op_ids = cp.threads, cp.op_ids
         events = tuple(
             _event(op_ids[i], starts[i] - t0, ends[i] - t0, "cpu", threads[i], cores[i], lanes[i])
@@ -209,10 +225,10 @@ class TorchCPUBackend(Backend):
         meta = {
             "wall_s": wall,
             "mode": "inline" if serial else "pool",
-            "pinned": (not serial) and self._pool.pinned,
+            "pinned": pinned,
             "pin_note": ("inline runs on the calling thread, unpinned" if serial
-                         else self._pool.pin_error or self._pin_note),
-            "cpus": self._pool.core_map,  # slot s -> OS CPU, when pinned
+                         else self._pool.pin_error or self._pin_note or ("" if pinned else _MIXED_NOTE)),
+            "cpus": self._pool.core_map if pinned else None,  # slot s -> OS CPU, when pinned
             "plan": plan.policy,
         }
         return Trace(events, backend=self.name, meta=meta)

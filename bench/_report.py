@@ -187,7 +187,9 @@ def md_costs(c: dict[str, Any]) -> list[str]:
         if key == "plan_speed":
             sm = v.get("summary", {})
             L.append(f"- **{title}** (`{v.get('command')}`): target {sm.get('target', '?')}: "
-                     f"**{'met' if sm.get('met') else 'NOT met'}**; median CPU ms by size in the table below")
+                     f"**{'met' if sm.get('met') else 'NOT met'}** on the median case, "
+                     f"{'met' if sm.get('met_worst') else 'NOT met'} on the worst; "
+                     "median CPU ms by size in the table below")
             continue
         flat = _flatten(v.get("summary", {}))
         L.append(f"- **{title}** (`{v.get('command')}`): " + "; ".join(f"{k} = {_fmt_val(x)}" for k, x in flat.items()))

@@ -591,7 +591,7 @@ def section_costs(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar:
     ]
     if ctx["learned"] is not None:
         subs.append(("plan_speed", "plan_speed.py", [*q, "--policy", ctx["learned_where"]], 300,
-                     ("target", "met", "by_size")))
+                     ("target", "met", "met_worst", "by_size")))
     else:
         res["plan_speed"] = {"skipped": f"the exported scheduler's planning speed needs a learned policy: "
                                         f"{ctx['learned_where']}"}

@@ -149,11 +149,19 @@ def plan_digest(plan: Any) -> str:
 
 
 def simulate(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> dict[str, float]:
-    """Simulated makespan (seconds) of every plan."""
+    """Simulated wall time (seconds) of every plan: the makespan, plus waking
+    the calling thread at the end when the model follows the runtime's threads
+    (``meta["wake_end_s"]``, as the measured ``wall_s`` includes it)."""
+    return {name: float(t.makespan + t.meta.get("wake_end_s", 0.0))
+            for name, t in simulate_traces(graph, machine, model, plans).items()}
+
+
+def simulate_traces(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> dict[str, Any]:
+    """The simulated trace of every plan."""
     from opsched.backends.sim import SimBackend
 
     sim = SimBackend(machine, model=model)
-    return {name: float(sim.run(graph, p).makespan) for name, p in plans.items()}
+    return {name: sim.run(graph, p) for name, p in plans.items()}
 
 
 # ================================================================ measurement
@@ -361,6 +369,8 @@ def scores(simulated: Sequence[float], measured: Sequence[float]) -> dict[str, f
 #: host time per op; flat co-run slowdown; OpenMP team overhead per multi-threaded op).
 HOST_GRID = (0.0, 2e-6, 4e-6, 6e-6, 8e-6, 12e-6, 16e-6, 24e-6, 32e-6, 48e-6, 64e-6, 96e-6)
 C0_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+#: Hand-off (thread wake-up) latencies tried (seconds).
+HANDOFF_GRID = (0.0, 10e-6, 20e-6, 30e-6, 45e-6, 60e-6, 80e-6, 100e-6, 130e-6, 160e-6)
 TEAM_GRID = (0.0, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 600e-6, 800e-6, 1000e-6)
 
 
@@ -451,52 +461,47 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
        on a grid (simulated)."""
     from scipy.optimize import least_squares, minimize_scalar
 
-    from opsched.backends.fitted import CalibratedModel, RuntimeCalibration
+    from opsched.backends.fitted import INSITU_REF_S, CalibratedModel, RuntimeCalibration
 
-    alpha, o_in, cold, act, gap = 1.0, 0.0, 0.0, 0.0, 0.0
+    alpha, o_in, cold, act, gap, expo, overlap = 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0
     detail = [(r, p) for r in runs for p in r.op_measured if p in r.op_raw and r.serial.get(p, False)]
     if detail:
         parts = [op_level_rows(r, p) for r, p in detail]
-        scale = np.array([1.0, 1e-5, 1e-10, 1e-10])  # units: 10 us; seconds per byte at 10 GB/s
+        scale = np.array([1.0, 1e-5, 1e-10, 1e-10, 1.0])  # units: 10 us; seconds per byte at 10 GB/s
 
-        def resid(x: np.ndarray) -> np.ndarray:
-            a, o, b, g = x * scale
-            return np.concatenate([(np.maximum(a * t, b * c + g * ac) + o - y) / y.sum() * np.sqrt(len(y))
-                                   for t, c, ac, y in parts])
+        def resid(x: np.ndarray, overlap: float) -> np.ndarray:
+            a, o, b, g, e = x * scale
+            out = []
+            for t, c, ac, y in parts:
+                comp = a * t * (np.maximum(t, 1e-7) / INSITU_REF_S) ** e
+                stream = b * c + g * ac
+                pred = (np.maximum(comp, stream) if overlap else comp + stream) + o
+                out.append((pred - y) / y.sum() * np.sqrt(len(y)))
+            return np.concatenate(out)
 
-        # The max() has no gradient in the stream terms while no op is stream-bound:
-        # start from several stream speeds (from every op hiding its fetch to most
-        # waiting for it) and keep the best fit.
-        fits = [least_squares(resid, x0=np.array([1.0, 0.5, b0, b0 / 5]), bounds=([0.3, 0.0, 0.0, 0.0],
-                              [3.0, 20.0, 10.0, 10.0]), loss="soft_l1", f_scale=0.01)
-                for b0 in (0.0, 0.1, 1.0, 5.0)]
-        fit = min(fits, key=lambda f: f.cost)
-        alpha, o_in, cold, act = (float(v) for v in fit.x * scale)
+        # Both structures (streams overlapping the computation, or adding to it);
+        # the max() has no gradient in the stream terms while no op is stream-bound:
+        # start from several stream speeds and keep the best fit.
+        fits = [(least_squares(resid, x0=np.array([1.0, 0.5, b0, b0 / 5, 0.0]), args=(overlap,),
+                               bounds=([0.3, 0.0, 0.0, 0.0, -0.5], [3.0, 20.0, 10.0, 10.0, 0.5]),
+                               loss="soft_l1", f_scale=0.01), overlap)
+                for overlap in (1.0, 0.0) for b0 in (0.0, 0.1, 1.0, 5.0)]
+        fit, overlap = min(fits, key=lambda f: f[0].cost)
+        alpha, o_in, cold, act, expo = (float(v) for v in fit.x * scale)
         gap = max(0.0, float(np.median([(r.measured(p) - r.op_measured[p].sum()) / len(r.op_measured[p])
                                         for r, p in detail])))
     overhead = o_in + gap
 
-    switch = 0.0
-    serial = [(r, p) for r in runs for p in r.plans if r.serial[p]]
-    if any(r.switches[p] for r, p in serial):
-        no_switch = CalibratedModel(base, RuntimeCalibration(overhead, insitu_factor=alpha, cold_byte_s=cold,
-                                                             act_byte_s=act))
-        sims = {r.name: simulate(r.graph, machine, no_switch, {p: r.plans[p] for p in r.plans if r.serial[p]})
-                for r in runs}
-        base_s = np.array([sims[r.name][p] for r, p in serial])
-        n_sw = np.array([r.switches[p] for r, p in serial], dtype=float)
-        real = np.array([r.measured(p) for r, p in serial])
-        res = minimize_scalar(lambda w: float(np.abs(np.log((base_s + n_sw * w) / real)).sum()),
-                              bounds=(0.0, 500e-6), method="bounded", options={"xatol": 1e-7})
-        switch = float(res.x)
+    op_terms = {"insitu_factor": alpha, "cold_byte_s": cold, "act_byte_s": act, "insitu_exp": expo,
+                "stream_overlap": overlap}
+    fitted_on = tuple(r.name for r in runs)
 
-    def cal(h: float, c: float, team: float) -> Any:
-        return RuntimeCalibration(overhead, h, c, insitu_factor=alpha, thread_switch_s=switch,
-                                  team_overhead_s=team, cold_byte_s=cold, act_byte_s=act,
-                                  fitted_on=tuple(r.name for r in runs))
+    def cal(h: float, c: float, team: float, switch: float, handoff: float) -> Any:
+        return RuntimeCalibration(overhead, h, c, thread_switch_s=switch, team_overhead_s=team, handoff_s=handoff,
+                                  fitted_on=fitted_on, **op_terms)
 
-    def err(group: str, h: float, c: float, team: float) -> float:
-        model = CalibratedModel(base, cal(h, c, team))
+    def err(group: str, h: float, c: float, team: float, switch: float, handoff: float) -> float:
+        model = CalibratedModel(base, cal(h, c, team, switch, handoff))
         total = 0.0
         for r in runs:
             ps = {p: r.plans[p] for p in r.plans if r.group(p) == group}
@@ -505,14 +510,50 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
                 total += sum(_log_err(sims[p], r.measured(p)) for p in ps)
         return total
 
+    # 2. team wake-ups and hand-offs.  A plan that never co-runs takes the sum of
+    #    its ops plus n_wakes * thread_switch_s + n_handoffs * handoff_s (both
+    #    counted on a probe simulation): for each hand-off cost on a grid, the best
+    #    team wake-up cost on those plans (1-D, bounded), scored on them and on the
+    #    co-running plans with multi-threaded ops (simulated), which separate the two.
+    switch = handoff = 0.0
+    serial = [(r, p) for r in runs for p in r.plans if r.serial[p]]
+    if serial:
+        probe = CalibratedModel(base, cal(0.0, 0.0, 0.0, 0.0, 1e-12))
+        traces = {r.name: simulate_traces(r.graph, machine, probe, {p: r.plans[p] for p in r.plans if r.serial[p]})
+                  for r in runs}
+        base_s = np.array([traces[r.name][p].makespan for r, p in serial])
+        n_h = np.array([len(traces[r.name][p].meta.get("handoff_wait", {}))
+                        + (traces[r.name][p].meta.get("wake_end_s", 0.0) > 0) for r, p in serial], dtype=float)
+        n_sw = np.array([r.switches[p] for r, p in serial], dtype=float)
+        real = np.array([r.measured(p) for r, p in serial])
+
+        def serial_fit(handoff: float) -> tuple[float, float]:
+            def f(w: float) -> float:
+                return float(np.abs(np.log((base_s + n_sw * w + n_h * handoff) / real)).sum())
+            if not n_sw.any():
+                return 0.0, f(0.0)
+            res = minimize_scalar(f, bounds=(0.0, 500e-6), method="bounded", options={"xatol": 1e-7})
+            return float(res.x), float(res.fun)
+
+        has_mt = any(r.group(p) == "corun-mt" for r in runs for p in r.plans)
+
+        def handoff_err(x: float) -> float:
+            w, e = serial_fit(x)
+            return e + (err("corun-mt", 0.0, 0.0, 0.0, w, x) if has_mt else 0.0)
+
+        handoff = _argmin_1d(handoff_err, HANDOFF_GRID)
+        switch = serial_fit(handoff)[0]
+
+    # 3. co-running one-thread ops: GIL host time and flat co-run slowdown (coordinate search);
+    # 4. co-running multi-threaded ops: several OpenMP teams.
     h = c = team = 0.0
     if any(r.group(p) == "corun-1t" for r in runs for p in r.plans):
         for _ in range(2):  # coordinate search
-            h = _argmin_1d(lambda x, c=c: err("corun-1t", x, c, 0.0), HOST_GRID)
-            c = _argmin_1d(lambda x, h=h: err("corun-1t", h, x, 0.0), C0_GRID)
+            h = _argmin_1d(lambda x, c=c: err("corun-1t", x, c, 0.0, switch, handoff), HOST_GRID)
+            c = _argmin_1d(lambda x, h=h: err("corun-1t", h, x, 0.0, switch, handoff), C0_GRID)
     if any(r.group(p) == "corun-mt" for r in runs for p in r.plans):
-        team = _argmin_1d(lambda x: err("corun-mt", h, c, x), TEAM_GRID)
-    return cal(h, c, team)
+        team = _argmin_1d(lambda x: err("corun-mt", h, c, x, switch, handoff), TEAM_GRID)
+    return cal(h, c, team, switch, handoff)
 
 
 def _argmin_1d(f: Any, grid: Sequence[float]) -> float:
@@ -657,7 +698,9 @@ def describe_calibration(c: Mapping[str, Any]) -> str:
             f"{c['thread_switch_s'] * 1e6:.0f} us, cold weights "
             f"{1e-9 / c['cold_byte_s'] if c['cold_byte_s'] > 0 else float('inf'):.1f} GB/s, activations "
             f"{1e-9 / c['act_byte_s'] if c['act_byte_s'] > 0 else float('inf'):.0f} GB/s, "
-            f"host {c['host_s'] * 1e6:.0f} us, c0 {c['corun_c0']:.2f}, team {c['team_overhead_s'] * 1e6:.0f} us")
+            f"host {c['host_s'] * 1e6:.0f} us, c0 {c['corun_c0']:.2f}, team {c['team_overhead_s'] * 1e6:.0f} us, "
+            f"hand-off {c.get('handoff_s', 0.0) * 1e6:.0f} us, size exponent {c.get('insitu_exp', 0.0):+.2f}, "
+            f"streams {'overlapped' if c.get('stream_overlap', 1.0) >= 1 else 'added'}")
 
 
 def write_markdown(res: Mapping[str, Any], path: Path) -> None:
@@ -681,7 +724,9 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
         f"Simulated: `SimBackend` with `FittedModel.from_cache` on `{res['profiles']}` (*raw*), and with the "
         "runtime calibration (`CalibratedModel`: in-situ factor on op times, per-op executor overhead, "
         "cold weights, activation traffic - fitted op by op on the per-op durations of seq-1t and seq-all -, "
-        "OpenMP team wake-up, GIL host time, flat co-run slowdown, throttled OpenMP teams - fitted on the plans "
+        "size exponent of the in-situ factor, OpenMP team wake-up, hand-offs between the calling thread "
+        "(multi-threaded ops) and the workers (one-thread ops), GIL host time, flat co-run slowdown, throttled "
+        "OpenMP teams - fitted on the plans "
         "they affect) fitted on the "
         "**other** models' measurements only (leave one model out; *calibrated*). Plan kinds: *serial* never "
         "co-runs, *corun-1t* co-runs one-thread ops, *corun-mt* co-runs and has multi-threaded ops.",

@@ -245,9 +245,10 @@ def _build(graph: OpGraph, members: dict[int, list[int]], w: np.ndarray) -> Coar
     new = {g: k for k, g in enumerate(order)}
     groups = tuple(tuple(groups_raw[g]) for g in order)
     ops = []
+    weight = w.tolist()
     for k, m in enumerate(groups):
         mem = [graph.ops[i] for i in m]
-        lead = mem[int(np.argmax([w[i] for i in m]))]
+        lead = graph.ops[max(m, key=weight.__getitem__)]  # the heaviest member (the first of equals)
         name = mem[0].name if len(mem) == 1 else f"{mem[0].name}..{mem[-1].name} ({len(mem)} ops)"
         ops.append(Op(
             id=f"g{k}", name=name, kind=lead.kind,

@@ -236,23 +236,50 @@ class Observer:
         self.dyn[ops, 2:4] = (0.0, 1.0)
         self.dyn[ops, _D["remaining"]] = 0.0
 
-    def action_mask(self) -> np.ndarray:
-        """Joint boolean mask over the flat action space (see :func:`action_mask`)."""
-        st = self.st
-        key = tuple(st.free)
+    def _fitting(self) -> np.ndarray:
+        """Flat (device, level) mask: the levels whose thread counts fit in the free slots now."""
+        key = tuple(self.st.free)
         fits = self._fits.get(key)
         if fits is None:
             free = np.zeros(MAX_DEVICES, np.int64)
             free[: len(key)] = key
             fits = self._fits[key] = (self.data.level_threads <= free[:, None]).reshape(-1)
+        return fits
+
+    def action_mask(self) -> np.ndarray:
+        """Joint boolean mask over the flat action space (see :func:`action_mask`)."""
         n_max = self.data.max_nodes
         out = np.empty(n_max * MAX_DEVICES * MAX_LEVELS + 1, dtype=bool)
-        np.logical_and(self.ready_vec[:, None], fits[None, :], out=out[:-1].reshape(n_max, -1))
-        out[-1] = st.n_running > 0
+        np.logical_and(self.ready_vec[:, None], self._fitting()[None, :], out=out[:-1].reshape(n_max, -1))
+        out[-1] = self.st.n_running > 0
         return out
+
+    def choices(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The valid actions in factored form: the ready ops (ascending slots),
+        the (device, level) columns that fit now (ascending), and whether
+        "wait" is valid.  The valid starts are every (op, column) pair - the
+        :meth:`action_mask` is their outer product - so a planner scores a
+        (ops x columns) grid instead of scanning the whole flat mask."""
+        return np.flatnonzero(self.ready_vec), np.flatnonzero(self._fitting()), self.st.n_running > 0
 
     def observe(self) -> dict[str, np.ndarray]:
         """The current observation (fresh arrays every call)."""
+        data = self.data
+        dyn, hw, globals_ = self.state()
+        return {
+            "node_static": data.node_static.copy(),
+            "node_dynamic": dyn,
+            "node_mask": data.node_mask.copy(),
+            "edge_index": data.edge_index.copy(),
+            "edge_mask": data.edge_mask.copy(),
+            "hardware": hw,
+            "globals": globals_,
+        }
+
+    def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The parts of :meth:`observe` that change within an episode, as fresh
+        arrays: ``node_dynamic``, ``hardware``, ``globals`` (what a planner that
+        holds the static parts already needs at each decision)."""
         data, st = self.data, self.st
         ref = data.reference
         dyn = self.dyn.copy()
@@ -277,15 +304,7 @@ class Observer:
         hw[:nd, _HW_DYN] = [(free[d] / slots[d], busy[d], min(mem[d] / cap[d], 1.0)) for d in range(nd)]
         now = st.now
         n = data.n
-        return {
-            "node_static": data.node_static.copy(),
-            "node_dynamic": dyn,
-            "node_mask": data.node_mask.copy(),
-            "edge_index": data.edge_index.copy(),
-            "edge_mask": data.edge_mask.copy(),
-            "hardware": hw,
-            "globals": np.array((now / (now + ref), st.n_done / n, st.n_ready / n, data.log_nodes), np.float32),
-        }
+        return dyn, hw, np.array((now / (now + ref), st.n_done / n, st.n_ready / n, data.log_nodes), np.float32)
 
 
 def observe(data: EpisodeData, st: SimState) -> dict[str, np.ndarray]:

@@ -62,7 +62,7 @@ from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy
-from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
+from opsched.policies.numpy_encoder import PER_SLOT, NumpyEncoder, array_shapes, greedy
 
 POLICY_FORMAT = "opsched.policy"
 FORMAT_VERSION = 1
@@ -425,19 +425,19 @@ class _Episode:
         ep, wait = self.ep, self.policy.layout.wait
         obs, levels = ep.obs, self.data.static.levels
         while not ep.done:
-            valid = np.flatnonzero(obs.action_mask())
-            if len(valid) == 1:  # one valid action: the policy's choice is forced
-                a = int(valid[0])
+            ops, cols, can_wait = obs.choices()  # the valid actions: ops x cols, then "wait"
+            starts = len(ops) * len(cols)
+            if starts + can_wait == 1:  # one valid action: the policy's choice is forced
+                j = 0
                 self.forced += 1
             else:
-                o = obs.observe()
-                scores = self.enc.scores(o["node_dynamic"], o["hardware"], o["globals"], valid, wait)
-                a = int(valid[greedy(scores)])
+                j = greedy(self.enc.grid_scores(*obs.state(), ops, cols, can_wait))
+            a = wait if j == starts else int(ops[j // len(cols)]) * PER_SLOT + int(cols[j % len(cols)])
             self.decisions += 1
             if a == wait:
                 ep.advance()
             else:
-                slot, rest = divmod(a, MAX_DEVICES * MAX_LEVELS)
+                slot, rest = divmod(a, PER_SLOT)
                 d, lv = divmod(rest, MAX_LEVELS)
                 ep.start(slot, d, int(levels[d][lv]))
             ep.settle()

@@ -186,15 +186,16 @@ class EncoderEpisode:
         np.add.at(adj[1], (src, dst), e)   # adj[1][i, j]: weight of edge i -> j (mean over successors)
         adj /= np.maximum(adj.sum(axis=2, keepdims=True), 1.0)
         self.adj = adj.reshape(2 * n, n)
-        #: Rows 3j, 3j + 1, 3j + 2: column j of the identity, of the predecessor
-        #: mean and of the successor mean (where row j of h goes), interleaved so
-        #: that a change ``D`` of rows C of h reaches z through one gather and one
-        #: product with ``(D [S | P | Q]).reshape(3k, H)``, a free view.
-        self.adj_cols = np.ascontiguousarray(
-            np.stack([np.eye(n, dtype=np.float32), adj[0].T, adj[1].T], axis=1).reshape(3 * n, n))
-        self._three = np.arange(3)
-        #: Symmetric "i and j are neighbours or equal": the rows a changed row reaches in one round.
+        #: ``adj_cols[j]`` (3, n): column j of the identity, of the predecessor
+        #: mean and of the successor mean (where row j of h goes), so that a
+        #: change ``D`` of rows C of h reaches z through one gather,
+        #: ``adj_cols[C].reshape(3k, n)``, and one product with ``(D [S | P |
+        #: Q]).reshape(3k, H)``, a free view.
+        self.adj_cols = np.ascontiguousarray(np.stack([np.eye(n, dtype=np.float32), adj[0].T, adj[1].T], axis=1))
+        #: Symmetric "i and j are neighbours or equal": the rows a changed row reaches in one round ...
         self.near = (adj[0] != 0) | (adj[1] != 0) | (adj[0] != 0).T | (adj[1] != 0).T | np.eye(n, dtype=bool)
+        #: ... and, per row, those rows as indices (one changed row - a start - is the common case).
+        self.near_rows = [np.flatnonzero(row) for row in self.near]
         H = enc.hidden
         #: Per round [S | P | Q] side by side (H, 3H), for pushing changes.
         self.w_side = [np.ascontiguousarray(np.concatenate([w[:H], w[H:2 * H], w[2 * H:]], axis=1))
@@ -216,16 +217,20 @@ class EncoderEpisode:
         enc, H = self.enc, self.enc.hidden
         self._dyn, self._updates = dyn, self._updates + 1
         delta = _store(self._h[0], rows, np.maximum(self.pre[rows] + dyn[rows] @ enc.w_in_dynamic, 0.0))
+        last = enc.rounds - 1
         for r in range(enc.rounds):
             if len(rows) > self.FULL_PASS * self.n:
                 for r2 in range(r, enc.rounds):
                     self._z[r2], self._h[r2 + 1] = self._round(self._h[r2], r2)
                 break
-            d = delta @ self.w_side[r]  # (k, 3H): the change times S, P and Q
+            d = (delta @ self.w_side[r]).reshape(-1, H)  # (3k, H): the change times S, P and Q
             z = self._z[r]
-            z += self.adj_cols[(3 * rows[:, None] + self._three).ravel()].T @ d.reshape(-1, H)
-            rows = np.flatnonzero(self.near[rows].any(axis=0))
-            delta = _store(self._h[r + 1], rows, np.maximum(z[rows], 0.0))
+            z += self.adj_cols[rows].reshape(len(d), -1).T @ d
+            rows = self.near_rows[rows[0]] if len(rows) == 1 else np.flatnonzero(self.near[rows].any(axis=0))
+            if r == last:  # no round after this one: its change is not needed
+                self._h[-1][rows] = np.maximum(z[rows], 0.0)
+            else:
+                delta = _store(self._h[r + 1], rows, np.maximum(z[rows], 0.0))
         return self._h[-1]
 
     def _round(self, h: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +264,6 @@ class EncoderEpisode:
                actions: np.ndarray, wait: int) -> np.ndarray:
         """The logits of ``actions`` (ascending flat action indices; ``wait`` may
         be among them), in the same order."""
-        enc = self.enc
         h = self.embed(np.asarray(node_dynamic, np.float32)[: self.n])
         c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
         has_wait = len(actions) > 0 and actions[-1] == wait
@@ -271,11 +275,31 @@ class EncoderEpisode:
             new[0] = True
             np.not_equal(slot[1:], slot[:-1], out=new[1:])
             ops, pos = slot[new], np.cumsum(new) - 1
-            u = np.maximum(h[ops] @ enc.w_op + enc.b_op + c @ enc.w_ctx_head, 0.0)
-            out[: len(starts)] = (u @ enc.w_act + enc.b_act)[pos, col]
+            out[: len(starts)] = self._op_scores(h, c, ops)[pos, col]
         if has_wait:
-            out[-1] = (c @ enc.w_wait + enc.b_wait)[0]
+            out[-1] = self._wait_score(c)
         return out
+
+    def grid_scores(self, node_dynamic: np.ndarray, hardware: np.ndarray, globals_: np.ndarray,
+                    ops: np.ndarray, cols: np.ndarray, wait: bool) -> np.ndarray:
+        """The logits of the valid actions given in factored form
+        (:meth:`opsched.envs.features.Observer.choices`): every (op, column)
+        start, ops ascending then columns ascending, then "wait" if ``wait`` -
+        the order and values of :meth:`scores` on the same actions, without
+        building or scanning the flat action list."""
+        h = self.embed(np.asarray(node_dynamic, np.float32)[: self.n])
+        c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
+        grid = self._op_scores(h, c, ops)[:, cols].ravel() if len(ops) and len(cols) else np.empty(0, np.float32)
+        return np.append(grid, self._wait_score(c)) if wait else grid
+
+    def _op_scores(self, h: np.ndarray, c: np.ndarray, ops: np.ndarray) -> np.ndarray:
+        """(len(ops), PER_SLOT): every (device, level) logit of ops ``ops`` (ascending)."""
+        enc = self.enc
+        u = np.maximum(h[ops] @ enc.w_op + enc.b_op + c @ enc.w_ctx_head, 0.0)
+        return u @ enc.w_act + enc.b_act
+
+    def _wait_score(self, c: np.ndarray) -> np.float32:
+        return (c @ self.enc.w_wait + self.enc.b_wait)[0]
 
 
 def _store(h: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:

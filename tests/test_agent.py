@@ -161,7 +161,7 @@ def test_imitation_learns_the_expert_on_one_graph(machine):
 
 def test_config_resolution_and_errors(tmp_path):
     entry = load_hyperparams("default")
-    assert entry["hidden"] == 64 and entry["rounds"] == 3
+    assert entry["hidden"] == 64 and entry["rounds"] == 2
     cfg = TrainConfig(overrides=parse_set(["learning_rate=1e-4", "n_steps=64", "eval_freq=100",
                                            "heldout_machines=knl-68"])).resolve()
     assert cfg.ppo["learning_rate"] == 1e-4 and cfg.ppo["n_steps"] == 64

@@ -37,7 +37,7 @@ from opsched.errors import PolicyError  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402
 from opsched.policies import load  # noqa: E402
 from opsched.policies.exported import write_policy  # noqa: E402
-from opsched.policies.numpy_encoder import greedy  # noqa: E402
+from opsched.policies.numpy_encoder import PER_SLOT, greedy  # noqa: E402
 from opsched.synthetic import generate  # noqa: E402
 
 MAX_NODES = 32
@@ -127,6 +127,25 @@ def test_faithful_on_1000_states(model, folder):
             ties.append(abs(float(ref[mine] - ref[int(torch_action)])))
     assert all(t <= 1e-5 for t in ties), ties
     assert same >= 995, (same, ties)
+
+
+def test_factored_choices_are_the_mask_and_score_the_same(folder):
+    """The planner's fast path: ``Observer.choices`` (ready ops x fitting
+    columns, then wait) is exactly the flat action mask, and ``grid_scores`` on
+    it gives the flat path's logits, value for value, in the same order."""
+    pol = load(folder)
+    env = _env([generate("erdos_renyi", 90, 5)], ["dgx1-4v100"])
+    wait = env.unwrapped.layout.wait
+    checked = 0
+    for obs, mask in _random_states(env, 150, seed=4):
+        ops, cols, can_wait = env.unwrapped._obs.choices()
+        flat = [int(o) * PER_SLOT + int(c) for o in ops for c in cols] + ([wait] if can_wait else [])
+        np.testing.assert_array_equal(flat, np.flatnonzero(mask))
+        a, b = _episode(pol, obs), _episode(pol, obs)
+        args = (obs["node_dynamic"], obs["hardware"], obs["globals"])
+        np.testing.assert_array_equal(a.grid_scores(*args, ops, cols, can_wait), b.scores(*args, np.array(flat), wait))
+        checked += len(flat) > 1
+    assert checked > 50
 
 
 @pytest.mark.parametrize("graph, machine", [

@@ -165,6 +165,78 @@ def test_openmp_throttle_only_when_two_multi_threaded_ops_run_at_once() -> None:
     assert "omp_throttled" not in SimBackend(four, model).run(g, plan(four, 1)).meta
 
 
+def test_handoff_latency_where_a_dependency_crosses_between_caller_and_workers() -> None:
+    """The runtime's calling thread runs multi-threaded ops, workers one-thread
+    ops; an op started by the other kind of thread waits for it to wake.  In the
+    chain o0(1t) -> o1(2t) -> o2(2t) -> o3(1t) -> o4(1t): the caller hands o0 to a
+    worker, the worker hands o1 to the caller, the caller keeps o2, hands o3 to a
+    worker, which keeps o4 and, ending the run, wakes the caller once more."""
+    ops = tuple(Op(f"o{i}", f"o{i}", "conv", 1e7, 1e4, 1e4, 0.0, (1, 8)) for i in range(5))
+    chain = OpGraph(ops, tuple(Edge(f"o{i}", f"o{i + 1}") for i in range(4)), name="chain5")
+    threads = [1, 2, 2, 1, 1]
+    plan = Plan.build(chain, MACHINE, {f"o{i}": Assignment("cpu", k, 0.0) for i, k in enumerate(threads)})
+    h = 1e-3
+    model = CalibratedModel(MODEL, RuntimeCalibration(handoff_s=h))
+    trace = SimBackend(MACHINE, model).run(chain, plan)
+    assert trace.meta["handoff_wait"] == {"o0": h, "o1": h, "o3": h}
+    assert trace.meta["wake_end_s"] == h
+    assert "transfer_wait" not in trace.meta
+    ev = trace.by_op()
+    assert ev["o2"].start == pytest.approx(ev["o1"].end)  # kept by the thread that finished o1
+    assert ev["o3"].start == pytest.approx(ev["o2"].end + h)
+    plain = SimBackend(MACHINE, MODEL).run(chain, plan)
+    assert trace.makespan == pytest.approx(plain.makespan + 3 * h)
+    assert S.simulate(chain, MACHINE, model, {"p": plan})["p"] == pytest.approx(plain.makespan + 4 * h)
+    # every op on the calling thread (an inline run): no hand-off at all
+    inline = Plan.build(chain, MACHINE, {f"o{i}": Assignment("cpu", 2, 0.0) for i in range(5)})
+    tr = SimBackend(MACHINE, model).run(chain, inline)
+    assert tr.meta["handoff_wait"] == {} and tr.meta["wake_end_s"] == 0.0
+    assert tr.makespan == pytest.approx(SimBackend(MACHINE, MODEL).run(chain, inline).makespan)
+    # a plain model keeps the simulator's semantics: no hand-off fields
+    assert "handoff_wait" not in plain.meta and "wake_end_s" not in plain.meta
+
+
+def test_handoff_when_one_thread_ops_fan_out_to_two_workers() -> None:
+    """a(1t) -> b, c (1t, co-running): the worker that ran ``a`` keeps ``b`` (higher
+    priority), ``c`` goes to a second, sleeping worker."""
+    ops = tuple(Op(i, i, "conv", 1e7, 1e4, 1e4, 0.0, (1, 8)) for i in "abc")
+    g = OpGraph(ops, (Edge("a", "b"), Edge("a", "c")), name="fan3")
+    plan = Plan.build(g, MACHINE, {"a": Assignment("cpu", 1, 3.0), "b": Assignment("cpu", 1, 2.0),
+                                   "c": Assignment("cpu", 1, 1.0)})
+    tr = SimBackend(MACHINE, CalibratedModel(MODEL, RuntimeCalibration(handoff_s=5e-4))).run(g, plan)
+    assert set(tr.meta["handoff_wait"]) == {"a", "c"}
+
+
+def test_size_dependent_insitu_term_and_additive_streams() -> None:
+    op_small = Op("s", "s", "elementwise", 1e3, 1e4, 1e4, 0.0, (1, 8))
+    cpu = MACHINE.cpu
+    t = MODEL.op_time(op_small, cpu, 1)
+    flat = CalibratedModel(MODEL, RuntimeCalibration(insitu_factor=1.5))
+    sized = CalibratedModel(MODEL, RuntimeCalibration(insitu_factor=1.5, insitu_exp=-0.2))
+    assert flat.op_time(op_small, cpu, 1) == pytest.approx(1.5 * t)
+    assert sized.op_time(op_small, cpu, 1) == pytest.approx(1.5 * t * (t / 1e-4) ** -0.2)
+    add = CalibratedModel(MODEL, RuntimeCalibration(act_byte_s=1e-10, stream_overlap=0.0))
+    roof = CalibratedModel(MODEL, RuntimeCalibration(act_byte_s=1e-10))
+    stream = 1e-10 * op_small.bytes_total
+    assert add.op_time(op_small, cpu, 1) == pytest.approx(t + stream)
+    assert roof.op_time(op_small, cpu, 1) == pytest.approx(max(t, stream))
+
+
+def test_old_calibration_files_load_with_neutral_new_fields(tmp_path) -> None:
+    (tmp_path / "old.json").write_text('{"op_overhead_s": 7e-06, "host_s": 6.4e-05, "corun_c0": 0.4, '
+                                       '"insitu_factor": 1.04, "thread_switch_s": 0.00011, "team_overhead_s": 0.0, '
+                                       '"cold_byte_s": 7.8e-11, "act_byte_s": 2.7e-11, "fitted_on": ["a"]}')
+    cal = RuntimeCalibration.load(tmp_path / "old.json")
+    assert cal.handoff_s == 0.0 and cal.insitu_exp == 0.0 and cal.stream_overlap == 1.0
+    assert cal.thread_switch_s == 0.00011
+    new = RuntimeCalibration(handoff_s=4e-5, insitu_exp=-0.15, stream_overlap=0.0)
+    new.save(tmp_path / "new.json")
+    assert RuntimeCalibration.load(tmp_path / "new.json") == new
+    (tmp_path / "bad.json").write_text('{"stream_overlap": 2}')
+    with pytest.raises(ProfileError, match="stream_overlap"):
+        RuntimeCalibration.load(tmp_path / "bad.json")
+
+
 def test_runtime_calibration_round_trips_and_rejects_bad_files(tmp_path) -> None:
     cal = RuntimeCalibration(3e-6, 4e-6, 0.1, insitu_factor=1.3, thread_switch_s=2e-5, fitted_on=("a", "b"))
     cal.save(tmp_path / "c.json")

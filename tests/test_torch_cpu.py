@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import dataclasses
+import os
 import random
 import subprocess
 import sys
@@ -187,6 +188,48 @@ def test_multi_threaded_ops_run_on_the_calling_thread_one_thread_ops_on_workers(
                 assert on_caller, "the calling thread takes the multi-threaded ops"
             out = be.execute(g, plan, *inputs)
             assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(_flat(out), _flat(ref)))
+
+
+def _affinity_of_workers_that_ran(be: TorchCPUBackend, tr) -> list[set[int]]:
+    workers = be.workers
+    return [os.sched_getaffinity(workers[w].native_id) for w in sorted({e.lane for e in tr.events if e.lane >= 0})]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs sched_setaffinity and 2 usable CPUs")
+@pytest.mark.parametrize("pin", [True, "always"])
+def test_workers_run_unpinned_in_plans_with_multi_threaded_ops(small, pin):
+    """Issue 3: after each parallel region the caller's OpenMP helpers spin on
+    cores the kernel chose, so with pin=True workers of plans with multi-threaded
+    ops run on every CPU (the kernel places them on an idle one); one-thread plans
+    stay pinned; pin='always' pins in both.  Outputs equal eager either way."""
+    m, inputs, g = small
+    ref = _flat(_eager(m, inputs, 2))
+    everywhere = os.sched_getaffinity(0)
+    with TorchCPUBackend(_machine(2), pin=pin) as be:
+        one_thread = uniform_plan(g, be.machine, 1)
+        n = len(g.ops)
+        mixed = Plan.build(g, be.machine, {op.id: Assignment("cpu", 2 if i % 2 else 1, float(n - i))
+                                           for i, op in enumerate(g.ops)})
+        for plan, pinned in ((one_thread, True), (mixed, pin == "always"), (one_thread, True)):
+            tr = be.run(g, plan, inputs)
+            if not be._pool.pinned:
+                pytest.skip(f"pinning not permitted here: {tr.meta['pin_note']}")
+            assert tr.meta["mode"] == "pool" and tr.meta["pinned"] is pinned
+            affinities = _affinity_of_workers_that_ran(be, tr)
+            assert affinities, "some one-thread op ran on a worker"
+            if pinned:
+                assert tr.meta["cpus"] and all(len(a) == 1 for a in affinities), affinities
+            else:
+                assert "multi-threaded" in tr.meta["pin_note"] and tr.meta["cpus"] is None
+                assert all(a == everywhere for a in affinities), affinities
+            out = _flat(be.execute(g, plan, *inputs))
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out, ref))
+
+
+def test_pin_must_be_true_false_or_always():
+    with pytest.raises(ValueError, match="pin must be True, False or 'always'"):
+        TorchCPUBackend(_machine(2), pin="sometimes")
 
 
 def test_different_inputs_and_repeated_runs(small, be2):
