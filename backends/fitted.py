@@ -547,6 +547,15 @@ class RuntimeCalibration:
       than big compute-bound ones);
     * ``stream_overlap``: 1 (default) when the memory streams overlap with
       the computation (the ``max`` above), 0 when they add to it;
+    * ``spin_s``: how long an OpenMP team's helper threads keep spinning
+      after a parallel region ends (libgomp's ``GOMP_SPINCOUNT``; ~8.4 ms
+      measured here by ``bench/mixed_plans.py``): when a ``k``-thread op
+      that entered a parallel region ends, ``k - 1`` cores stay busy until
+      then or until the next parallel region starts, and the ops computing
+      meanwhile share the other cores (the runtime runs such plans' workers
+      unpinned, so they go where the kernel finds a core; see "OpenMP spin"
+      in ``backends/sim.py``).  Not when several teams exist (libgomp then
+      stops spinning: ``team_overhead_s``).  0: not modelled;
     * ``fitted_on``: what it was fitted on (models / plans), for the record.
 
     Fields absent from a saved calibration take their neutral value (older
@@ -565,10 +574,11 @@ class RuntimeCalibration:
     handoff_s: float = 0.0
     insitu_exp: float = 0.0
     stream_overlap: float = 1.0
+    spin_s: float = 0.0
 
     _FIELDS = ("op_overhead_s", "host_s", "corun_c0", "insitu_factor", "thread_switch_s", "team_overhead_s",
                "cold_byte_s", "act_byte_s", "handoff_s", "insitu_exp",
-               "stream_overlap")
+               "stream_overlap", "spin_s")
     #: Fields that may be negative, and each field's value when a file lacks it.
     _SIGNED = frozenset({"insitu_exp"})
     _DEFAULTS = {"insitu_factor": 1.0, "stream_overlap": 1.0}
@@ -625,7 +635,9 @@ class CalibratedModel:
     op of a graph, default :func:`cold_weight_bytes`); the simulator adds
     ``thread_switch_s`` (:attr:`thread_switch_s`) to a multi-threaded op that
     must wake an idle OpenMP team and :attr:`team_overhead_s` to multi-threaded
-    ops once two executor threads hold teams, and prices co-running CPU ops with
+    ops once two executor threads hold teams, keeps ``k - 1`` cores busy for
+    :attr:`spin_s` after a ``k``-thread op's parallel region (the team's
+    helpers spinning), and prices co-running CPU ops with
     the wrapped model's term plus the GIL and flat co-run terms (through
     :meth:`corun_slowdown`, called with each op's alone time).  GPU devices
     are passed through unchanged."""
@@ -649,6 +661,10 @@ class CalibratedModel:
     @property
     def handoff_s(self) -> float:
         return self.calibration.handoff_s
+
+    @property
+    def spin_s(self) -> float:
+        return self.calibration.spin_s
 
     @staticmethod
     def opens_parallel_region(op: Op) -> bool:

@@ -48,6 +48,20 @@ What is simulated (and why it is enough for scheduling decisions):
   trace's ``meta["handoff_wait"]``).  A run whose last op ends on a worker
   wakes the calling thread once more: ``meta["wake_end_s"]``.  A model
   without the field pays nothing for it (the common path checks one flag).
+* **OpenMP spin.**  A model with ``spin_s > 0`` (a calibrated real runtime)
+  keeps cores busy after multi-threaded ops: when a ``k``-thread CPU op that
+  entered a parallel region ends, its team's ``k - 1`` helper threads keep
+  spin-waiting for the next region (libgomp's ``GOMP_SPINCOUNT``) for
+  ``spin_s``, or until a multi-threaded op enters a parallel region on that
+  device again.  Meanwhile the ops computing there share the device's other
+  ``cores - (k - 1)`` cores: when their threads (one for an op that runs no
+  parallel region) outnumber them, each runs at ``free / threads`` of its
+  speed (on 2 cores: two one-thread ops right after a 2-thread op take turns
+  on one core; one alone runs at full speed).  Why cores and not slots: the
+  runtime runs such plans' workers unpinned and the kernel places them on
+  whatever core is not spinning.  Not when the run is priced with several
+  OpenMP teams (``omp_throttled``: libgomp then stops spinning).  A model
+  without the field pays nothing for it (one flag per op start and end).
 * **Noise.**  Optional: every op's alone time is multiplied by a lognormal
   factor ``exp(N(0, noise))`` drawn from a seeded generator.
 * **Memory.**  Bytes of live tensors per device (an output lives on its
@@ -161,7 +175,10 @@ class SimStatic:
         self.team_s = float(getattr(model, "team_overhead_s", 0.0) or 0.0)
         # ... and of waking a sleeping executor thread that an op is handed to (see "Hand-offs").
         self.handoff_s = float(getattr(model, "handoff_s", 0.0) or 0.0)
-        opens = getattr(model, "opens_parallel_region", None) if self.team_s > 0.0 or self.switch_s > 0.0 else None
+        # ... and of OpenMP helper threads spinning on cores after a parallel region (see "OpenMP spin").
+        self.spin_s = float(getattr(model, "spin_s", 0.0) or 0.0)
+        opens = (getattr(model, "opens_parallel_region", None)
+                 if self.team_s > 0.0 or self.switch_s > 0.0 or self.spin_s > 0.0 else None)
         self.parallel = [bool(opens(op)) if callable(opens) else True for op in graph.ops]
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
         self._xfer: dict[tuple[float, int, int], float] = {}
@@ -291,6 +308,12 @@ class SimState:
             self._keepers: list[tuple[bool, int]] = [(True, 0)]
             self.handoff_wait = [0.0] * n
         self.wake_end = 0.0
+        # OpenMP helpers spinning after a parallel region (see the module docstring); off without spin_s,
+        # and with several teams (libgomp stops spinning then).  Per device: cores spinning, until when.
+        self._spin = static.spin_s if static.spin_s > 0.0 and not omp_throttled else 0.0
+        if self._spin:
+            self._spin_cores = [0] * nd
+            self._spin_until = [0.0] * nd
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._running: set[int] = set()
@@ -493,6 +516,8 @@ class SimState:
         d = self.device[i]
         self._computing[d].append(i)
         self._dirty.add(d)
+        if self._spin and self._spin_cores[d] and self.threads[i] > 1 and self.static.parallel[i]:
+            self._spin_cores[d] = 0  # the next parallel region: the helpers have work again
 
     def _flush(self) -> None:
         """Recompute the rates (and finish times) on devices whose co-runners changed.
@@ -529,6 +554,8 @@ class SimState:
                 rates = [1.0 / f for f in s.slowdown_timed(d, [demand[i] for i in ops], [alone[i] for i in ops])]
             else:
                 rates = [1.0 / f for f in s.slowdown(d, [demand[i] for i in ops])]
+            if self._spin and self._spin_cores[d]:
+                rates = self._spin_share(d, ops, rates)
             for i, r in zip(ops, rates, strict=True):
                 r0 = rate[i]
                 if r != r0:
@@ -576,12 +603,33 @@ class SimState:
                 self.now = t
             while heap and heap[0][0] <= t:
                 _, _, i, v = pop(heap)
-                if v < 0:
+                if v == -1:
                     self._begin(i)
+                elif v == -2:  # a spin window may end (i: the device)
+                    self._spin_end(i)
                 elif v == ver[i]:
                     self._complete(i)
                     completed.append(i)
             self._flush()
+
+    def _spin_share(self, d: int, ops: list[int], rates: Sequence[float]) -> list[float]:
+        """``rates`` of the ops computing on ``d`` while OpenMP helpers spin there:
+        their threads share the cores that do not spin (see "OpenMP spin")."""
+        s = self.static
+        free = s.caps[d] - self._spin_cores[d]
+        threads, parallel = self.threads, s.parallel
+        want = sum(threads[i] if parallel[i] else 1 for i in ops)
+        if want <= free:
+            return list(rates)
+        share = free / want
+        return [r * share for r in rates]
+
+    def _spin_end(self, d: int) -> None:
+        """A spin window's end event: the helpers go to sleep unless a later
+        region restarted the window (then a later event ends it)."""
+        if self._spin_cores[d] and self.now >= self._spin_until[d]:
+            self._spin_cores[d] = 0
+            self._dirty.add(d)
 
     def _complete(self, i: int) -> None:
         s = self.static
@@ -598,6 +646,13 @@ class SimState:
             self._keepers.append((on_caller, self.threads[i]))
             if self.n_done == s.n and not on_caller:
                 self.wake_end = self._handoff  # the calling thread sleeps until the run is over
+
+        if self._spin and self.threads[i] > 1 and s.parallel[i] and not s.devices[d].is_gpu:
+            # the team's helpers spin on k - 1 cores for spin_s (see "OpenMP spin")
+            self._spin_cores[d] = self.threads[i] - 1
+            self._spin_until[d] = until = now + self._spin
+            self._seq += 1
+            heapq.heappush(self._heap, (until, self._seq, d, -2))
 
         self.free[d] += self.threads[i]
         slots = self._slots[d]
@@ -725,7 +780,7 @@ class SimBackend(Backend):
             rank[i] = r
         st = self._dispatch(s, dev, thr, order, rank, after, noise, False)
         throttled = False
-        if s.team_s > 0.0 and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)) \
+        if (s.team_s > 0.0 or s.spin_s > 0.0) and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)) \
                 and _team_holders(st, s) > 1:
             # several executor threads hold OpenMP teams: priced as the runtime runs them
             st = self._dispatch(s, dev, thr, order, rank, after, noise, True)

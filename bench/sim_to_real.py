@@ -17,7 +17,8 @@ model fitted on the cached profiles (``FittedModel.from_cache``), reported
 *raw* and *runtime-calibrated* (:class:`~opsched.backends.fitted.RuntimeCalibration`:
 what running a whole plan adds to ops profiled alone in a loop - the
 executor's per-op cost, weights and activations no longer in the caches,
-waking an idle OpenMP team, the interpreter lock and co-run slowdown, and
+waking an idle OpenMP team, the interpreter lock and co-run slowdown, the
+cores an OpenMP team's helpers keep spinning on after a parallel region, and
 the cost of several executor threads holding OpenMP teams; see
 :func:`fit_calibration`).  The calibration is fitted on the measurements
 of the *other* models only (leave one model out), so no model's figures come
@@ -372,6 +373,8 @@ C0_GRID = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
 #: Hand-off (thread wake-up) latencies tried (seconds).
 HANDOFF_GRID = (0.0, 10e-6, 20e-6, 30e-6, 45e-6, 60e-6, 80e-6, 100e-6, 130e-6, 160e-6)
 TEAM_GRID = (0.0, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 400e-6, 600e-6, 800e-6, 1000e-6)
+#: OpenMP helper spin windows tried (seconds; libgomp's default spin measured ~8.4 ms here).
+SPIN_GRID = (0.0, 0.5e-3, 1e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 10e-3, 12e-3, 16e-3)
 
 
 @dataclass
@@ -457,8 +460,11 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
        absolute log errors (1-D, bounded);
     3. co-running plans of one-thread ops: the GIL host time and the flat
        co-run slowdown, by coordinate search on grids (simulated);
-    4. co-running plans with multi-threaded ops: the OpenMP team overhead,
-       on a grid (simulated)."""
+    4. co-running plans with multi-threaded ops: the OpenMP helpers' spin
+       window (``spin_s``), then the hand-off cost again with it (step 2's
+       scores) and the spin window again - without the spin term the hand-off
+       cost stands in for the one-thread ops slowed by spinning helpers -, and
+       the OpenMP team overhead, each on a grid (simulated)."""
     from scipy.optimize import least_squares, minimize_scalar
 
     from opsched.backends.fitted import INSITU_REF_S, CalibratedModel, RuntimeCalibration
@@ -496,12 +502,12 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
                 "stream_overlap": overlap}
     fitted_on = tuple(r.name for r in runs)
 
-    def cal(h: float, c: float, team: float, switch: float, handoff: float) -> Any:
+    def cal(h: float, c: float, team: float, switch: float, handoff: float, spin: float = 0.0) -> Any:
         return RuntimeCalibration(overhead, h, c, thread_switch_s=switch, team_overhead_s=team, handoff_s=handoff,
-                                  fitted_on=fitted_on, **op_terms)
+                                  spin_s=spin, fitted_on=fitted_on, **op_terms)
 
-    def err(group: str, h: float, c: float, team: float, switch: float, handoff: float) -> float:
-        model = CalibratedModel(base, cal(h, c, team, switch, handoff))
+    def err(group: str, h: float, c: float, team: float, switch: float, handoff: float, spin: float = 0.0) -> float:
+        model = CalibratedModel(base, cal(h, c, team, switch, handoff, spin))
         total = 0.0
         for r in runs:
             ps = {p: r.plans[p] for p in r.plans if r.group(p) == group}
@@ -516,6 +522,7 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
     #    team wake-up cost on those plans (1-D, bounded), scored on them and on the
     #    co-running plans with multi-threaded ops (simulated), which separate the two.
     switch = handoff = 0.0
+    has_mt = any(r.group(p) == "corun-mt" for r in runs for p in r.plans)
     serial = [(r, p) for r in runs for p in r.plans if r.serial[p]]
     if serial:
         probe = CalibratedModel(base, cal(0.0, 0.0, 0.0, 0.0, 1e-12))
@@ -535,25 +542,28 @@ def fit_calibration(runs: Sequence[ModelRun], machine: Any, base: Any) -> Any:
             res = minimize_scalar(f, bounds=(0.0, 500e-6), method="bounded", options={"xatol": 1e-7})
             return float(res.x), float(res.fun)
 
-        has_mt = any(r.group(p) == "corun-mt" for r in runs for p in r.plans)
-
-        def handoff_err(x: float) -> float:
+        def handoff_err(x: float, h: float = 0.0, c: float = 0.0, spin: float = 0.0) -> float:
             w, e = serial_fit(x)
-            return e + (err("corun-mt", 0.0, 0.0, 0.0, w, x) if has_mt else 0.0)
+            return e + (err("corun-mt", h, c, 0.0, w, x, spin) if has_mt else 0.0)
 
         handoff = _argmin_1d(handoff_err, HANDOFF_GRID)
         switch = serial_fit(handoff)[0]
 
     # 3. co-running one-thread ops: GIL host time and flat co-run slowdown (coordinate search);
     # 4. co-running multi-threaded ops: several OpenMP teams.
-    h = c = team = 0.0
+    h = c = team = spin = 0.0
     if any(r.group(p) == "corun-1t" for r in runs for p in r.plans):
         for _ in range(2):  # coordinate search
             h = _argmin_1d(lambda x, c=c: err("corun-1t", x, c, 0.0, switch, handoff), HOST_GRID)
             c = _argmin_1d(lambda x, h=h: err("corun-1t", h, x, 0.0, switch, handoff), C0_GRID)
-    if any(r.group(p) == "corun-mt" for r in runs for p in r.plans):
-        team = _argmin_1d(lambda x: err("corun-mt", h, c, x, switch, handoff), TEAM_GRID)
-    return cal(h, c, team, switch, handoff)
+    if has_mt:
+        for again in (False, True):  # spin window, then hand-off and spin once more (coordinate search)
+            if again and serial:
+                handoff = _argmin_1d(lambda x, spin=spin: handoff_err(x, h, c, spin), HANDOFF_GRID)
+                switch = serial_fit(handoff)[0]
+            spin = _argmin_1d(lambda x, sw=switch, ho=handoff: err("corun-mt", h, c, 0.0, sw, ho, x), SPIN_GRID)
+        team = _argmin_1d(lambda x: err("corun-mt", h, c, x, switch, handoff, spin), TEAM_GRID)
+    return cal(h, c, team, switch, handoff, spin)
 
 
 def _argmin_1d(f: Any, grid: Sequence[float]) -> float:
@@ -699,7 +709,8 @@ def describe_calibration(c: Mapping[str, Any]) -> str:
             f"{1e-9 / c['cold_byte_s'] if c['cold_byte_s'] > 0 else float('inf'):.1f} GB/s, activations "
             f"{1e-9 / c['act_byte_s'] if c['act_byte_s'] > 0 else float('inf'):.0f} GB/s, "
             f"host {c['host_s'] * 1e6:.0f} us, c0 {c['corun_c0']:.2f}, team {c['team_overhead_s'] * 1e6:.0f} us, "
-            f"hand-off {c.get('handoff_s', 0.0) * 1e6:.0f} us, size exponent {c.get('insitu_exp', 0.0):+.2f}, "
+            f"hand-off {c.get('handoff_s', 0.0) * 1e6:.0f} us, spin {c.get('spin_s', 0.0) * 1e3:.1f} ms, "
+            f"size exponent {c.get('insitu_exp', 0.0):+.2f}, "
             f"streams {'overlapped' if c.get('stream_overlap', 1.0) >= 1 else 'added'}")
 
 
@@ -725,7 +736,8 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
         "runtime calibration (`CalibratedModel`: in-situ factor on op times, per-op executor overhead, "
         "cold weights, activation traffic - fitted op by op on the per-op durations of seq-1t and seq-all -, "
         "size exponent of the in-situ factor, OpenMP team wake-up, hand-offs between the calling thread "
-        "(multi-threaded ops) and the workers (one-thread ops), GIL host time, flat co-run slowdown, throttled "
+        "(multi-threaded ops) and the workers (one-thread ops), GIL host time, flat co-run slowdown, OpenMP "
+        "helpers spinning after a parallel region (cores the co-running one-thread ops lose), throttled "
         "OpenMP teams - fitted on the plans "
         "they affect) fitted on the "
         "**other** models' measurements only (leave one model out; *calibrated*). Plan kinds: *serial* never "
