@@ -30,6 +30,7 @@ simulator and the schedulers take either.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -240,6 +241,7 @@ class FittedModel:
         self._entries = [o for p in profs for o in p.ops.values()]
         self._fit_shapes()
         self._amdahl: dict[int, Amdahl] = {}
+        self._scaling: dict[tuple[int, int], KindNeighbours | None] = {}
         self._cache: dict[tuple, float] = {}
 
     # ------------------------------------------------------------- fitting
@@ -316,27 +318,25 @@ class FittedModel:
             return self.global_shape
         return KindShape(KIND_SERIAL.get(kind, 0.2), self.base.sync_overhead_s)
 
-    @cached_property
-    def scaling(self) -> dict[tuple[int, int], KindNeighbours]:
-        """For each pair of levels (from, to): how ops scale from one to the other,
-        ``log10(t_to / t_from)``, learned per kind from the ops measured at both,
-        by neighbours in (log FLOPs, log bytes, log reduction length, log t_from).
+    def scaling(self, k_from: int, k_to: int) -> KindNeighbours | None:
+        """How ops scale from level ``k_from`` to ``k_to``, ``log10(t_to /
+        t_from)``, learned per kind from the ops measured at both, by
+        neighbours in (log FLOPs, log bytes, log reduction length, log t_from).
         Why: ops of one kind differ in how they scale (a depthwise convolution
         barely does, a large GEMM nearly linearly); one serial fraction per
-        kind misses that, ops of similar size and shape do not."""
-        out = {}
-        for k_from in self.levels:
-            for k_to in self.levels:
-                if k_from == k_to:
-                    continue
-                rows = []
-                for o in self._entries:
-                    pts = self.points(o)
-                    if k_from in pts and k_to in pts:
-                        x = np.append(op_features(o.flops, o.bytes_total, o.shape), np.log10(pts[k_from]))
-                        rows.append((o.kind, x, float(np.log10(pts[k_to] / pts[k_from]))))
-                out[(k_from, k_to)] = fit_neighbours(rows, k=5)
-        return out
+        kind misses that, ops of similar size and shape do not.  Fitted on
+        first use of each pair (most plans need one pair or none, and planning
+        pays for it)."""
+        key = (k_from, k_to)
+        if key not in self._scaling:
+            rows = []
+            for o in self._entries:
+                pts = self.points(o)
+                if k_from in pts and k_to in pts:
+                    x = np.append(op_features(o.flops, o.bytes_total, o.shape), np.log10(pts[k_from]))
+                    rows.append((o.kind, x, float(np.log10(pts[k_to] / pts[k_from]))))
+            self._scaling[key] = fit_neighbours(rows, k=5)
+        return self._scaling[key]
 
     def imputed(self, o: OpProfile) -> dict[int, float]:
         """The op's trusted points plus, for each profiled level it lacks, a
@@ -349,7 +349,7 @@ class FittedModel:
             if k in pts:
                 continue
             k_from = min(self.points(o), key=lambda m: (abs(np.log2(m / k)), m))
-            nb = self.scaling.get((k_from, k))
+            nb = self.scaling(k_from, k)
             r = nb.residual(o.kind, np.append(x, np.log10(pts[k_from]))) if nb is not None else None
             if r is not None:
                 pts[k] = pts[k_from] * 10**r
@@ -387,8 +387,8 @@ class FittedModel:
         if self.use_measured:
             meds = [self.points(o)[threads] for o in entries if threads in self.points(o)]
             if meds:
-                return float(np.median(meds))
-        return float(np.median([self.amdahl_for(o)(threads) for o in entries]))
+                return float(statistics.median(meds))  # np.median's value, without its per-call cost
+        return float(statistics.median([self.amdahl_for(o)(threads) for o in entries]))
 
     def _unseen_time(self, op: Op, threads: int) -> float | None:
         x = op_features(op.flops, op.bytes_total, op.shape)
