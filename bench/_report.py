@@ -253,14 +253,23 @@ def md_fidelity(f: dict[str, Any]) -> list[str]:
          f"Targets: median absolute error <= {f['targets']['median_ape']:.0%}, Spearman >= {f['targets']['spearman']}.",
          ""]
     cols = [c for k in keys for c in (f"error ({_sim_label(k)})", f"Spearman ({_sim_label(k)})")]
-    L += ["| model | plans | " + " | ".join(cols) + " | profiled |", "|---|---:|" + "---:|" * len(cols) + "---|"]
+    # whether each model was profiled: known when the fidelity rows came from this script's own runs
+    known = any(v.get("profiled") is not None for v in f["per_model"].values())
+    L += ["| model | plans | " + " | ".join(cols) + (" | profiled |" if known else " |"),
+          "|---|---:|" + "---:|" * len(cols) + ("---|" if known else "")]
     for m, v in f["per_model"].items():
         cells = [x for k in keys for x in (f"{v[k]['median_ape']:.1%}", f"{v[k]['spearman']:.2f}")]
-        prof = {True: "yes", False: "no"}.get(v.get("profiled"), "?")
-        L.append(f"| {m} | {v['plans']} | " + " | ".join(cells) + f" | {prof} |")
+        prof = f" {({True: 'yes', False: 'no'}.get(v.get('profiled'), '?'))} |" if known else ""
+        L.append(f"| {m} | {v['plans']} | " + " | ".join(cells) + " |" + prof)
     o = f["overall"]
-    cells = [x for k in keys for x in (f"{o[k]['median_ape']:.1%}", f"{o[k]['median_spearman']:.2f} (median)")]
-    L += [f"| **all** | {o['plans']} | " + " | ".join(cells) + " | |", ""]
+
+    def pooled(x: dict) -> str:
+        rho = x.get("spearman")
+        return (f"{rho:.2f} pooled, {x['median_spearman']:.2f} median" if rho is not None
+                else f"{x['median_spearman']:.2f} (median)")
+
+    cells = [x for k in keys for x in (f"{o[k]['median_ape']:.1%}", pooled(o[k]))]
+    L += [f"| **all** | {o['plans']} | " + " | ".join(cells) + (" | |" if known else " |"), ""]
     for key, why in f.get("skipped", {}).items():
         L.append(f"- {key}: skipped: {why}")
     L += ["", "![fidelity scatter](fidelity.png)", ""]

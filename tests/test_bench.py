@@ -62,6 +62,26 @@ def test_train_time_to_beat_cpf_reads_the_newest_run(tmp_path: Path) -> None:
     assert r["beat_cpf"] is False and r["final_gmean_cpf"] == 1.2
 
 
+def test_train_time_to_beat_cpf_prefers_a_run_of_todays_default(tmp_path: Path) -> None:
+    """A run counts as default by the hyperparameters it resolved to, not by
+    its entry's name: one made under an older default is passed over."""
+    import os
+
+    import yaml
+    from run_all import train_time_to_beat_cpf
+
+    from opsched.agents.config import load_hyperparams
+
+    current = load_hyperparams("default")
+    for name, ppo, mtime in (("ppo_1", current, 1_000), ("ppo_2", {**current, "rounds": 99}, 2_000)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(yaml.safe_dump({"hyperparams": "default", "seed": 0, "ppo": ppo}))
+        (run / "evaluations.csv").write_text("timesteps,wall_s,gmean_cpf\n0,40,0.99\n")
+        os.utime(run / "evaluations.csv", (mtime, mtime))
+    assert train_time_to_beat_cpf(tmp_path)["run"].endswith("ppo_1")
+
+
 def test_cli_wrapper_registers() -> None:
     from typer.testing import CliRunner
 
