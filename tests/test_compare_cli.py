@@ -125,3 +125,23 @@ def test_compare_refuses_a_pytorch_graph_on_the_tf_backend_before_writing_anythi
     assert isinstance(result.exception, OpschedError), result.output
     assert "is a PyTorch model" in str(result.exception) and "--backend torch-cpu" in str(result.exception)
     assert not out.exists() or not any(out.iterdir())  # no half-written run folder
+
+
+def test_two_exported_policies_keep_their_own_names(tmp_path):
+    """Two exported policies are both "learned": the table, the CSV and the
+    plan files tell them apart by their folders."""
+    import shutil
+
+    from opsched.policies.exported import pretrained_path
+
+    mine = tmp_path / "myrun_3" / "policy"
+    shutil.copytree(pretrained_path(), mine)
+    args = ["compare", "--graphs", "synthetic:layered:n=20", "--machine", "xeon-8180-2s", "--backend", "sim",
+            "--policies", f"critical-path-first,{mine},{pretrained_path()}", "--no-gantt", "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "compare_1" / "results.csv") as fh:
+        names = {r["policy"] for r in csv.DictReader(fh)}
+    assert {"learned (myrun_3)", "learned (pretrained)", "critical-path-first"} <= names and "learned" not in names
+    plans = {p.name for p in (tmp_path / "compare_1" / "plans").glob("*.json")}
+    assert len([p for p in plans if "learned" in p]) == 2

@@ -114,6 +114,21 @@ def _framework(graph: Any) -> str:
     return "TensorFlow" if type(graph.source).__name__ == "TFSource" else "PyTorch"
 
 
+def _distinct_names(policies: list) -> list:
+    """Give policies that share a name (two exported policies are both
+    "learned") a label from their folder - ``learned (quickstart_1)``,
+    ``learned (pretrained)`` - so tables, plans and plots keep them apart."""
+    counts: dict[str, int] = {}
+    for p in policies:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    for p in policies:
+        folder = getattr(p, "folder", None)
+        if counts[p.name] > 1 and folder is not None:
+            folder = Path(folder)
+            p.name = f"{p.name} ({folder.parent.name if folder.name == 'policy' else folder.name})"
+    return policies
+
+
 def _framework_of_backend(name: str) -> str:
     return "TensorFlow" if name == "tf" else "PyTorch"
 
@@ -143,7 +158,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
     if "sequential" not in names:
         names.insert(0, "sequential")
     kwargs = {"random": {"seed": seed}, "search": {"n_trials": search_trials, "seed": seed}}
-    policies = [get_policy(n, **kwargs.get(n, {})) for n in names]
+    policies = _distinct_names([get_policy(n, **kwargs.get(n, {})) for n in names])
     model_name = model
     model = model_for(model_name, machine, backend_name)
     backend_kwargs = {"model": model, "noise": noise, "seed": seed} if backend_name == "sim" else {}
