@@ -260,7 +260,7 @@ class Observer:
         "wait" is valid.  The valid starts are every (op, column) pair - the
         :meth:`action_mask` is their outer product - so a planner scores a
         (ops x columns) grid instead of scanning the whole flat mask."""
-        return np.flatnonzero(self.ready_vec), np.flatnonzero(self._fitting()), self.st.n_running > 0
+        return self.ready_vec.nonzero()[0], self._fitting().nonzero()[0], self.st.n_running > 0
 
     def observe(self) -> dict[str, np.ndarray]:
         """The current observation (fresh arrays every call)."""

@@ -211,7 +211,7 @@ class EncoderEpisode:
         dyn = np.asarray(node_dynamic, np.float32)
         if self._dyn is None or self._updates >= self.REFRESH:
             return self._full(dyn)
-        rows = np.flatnonzero((dyn != self._dyn).any(axis=1))
+        rows = (dyn != self._dyn).any(axis=1).nonzero()[0]  # 1-D: nonzero, not flatnonzero (a ravel less per call)
         if len(rows) == 0:
             return self._h[-1]
         enc, H = self.enc, self.enc.hidden
@@ -226,7 +226,7 @@ class EncoderEpisode:
             d = (delta @ self.w_side[r]).reshape(-1, H)  # (3k, H): the change times S, P and Q
             z = self._z[r]
             z += self.adj_cols[rows].reshape(len(d), -1).T @ d
-            rows = self.near_rows[rows[0]] if len(rows) == 1 else np.flatnonzero(self.near[rows].any(axis=0))
+            rows = self.near_rows[rows[0]] if len(rows) == 1 else self.near[rows].any(axis=0).nonzero()[0]
             if r == last:  # no round after this one: its change is not needed
                 self._h[-1][rows] = np.maximum(z[rows], 0.0)
             else:
