@@ -7,6 +7,12 @@ the one-thread ops measured ~2x slower than in a chain.  Hypothesis: after
 a parallel region libgomp's helper thread spin-waits (``GOMP_SPINCOUNT``,
 ``OMP_WAIT_POLICY``) on a core that a worker now needs.
 
+Finding (``runs/bench/mixed_plans.md``): the helper spins ~8 ms after each
+region, and a worker *pinned* to its core runs at half speed while the other
+core idles; so the runtime now runs such plans' workers unpinned (the
+``default`` variant here; ``pin-always`` is the old behaviour), and the
+environment variables, which would fix it too, cost eager PyTorch 2.2-2.6x.
+
 This script measures a few plans of ``bench/sim_to_real.py`` (its
 :func:`make_plans`, imported) under *variants* that can only be set when a
 process starts - OpenMP's wait policy and spin count - plus unpinned
