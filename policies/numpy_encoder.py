@@ -225,8 +225,13 @@ class EncoderEpisode:
                 break
             d = (delta @ self.w_side[r]).reshape(-1, H)  # (3k, H): the change times S, P and Q
             z = self._z[r]
-            z += self.adj_cols[rows].reshape(len(d), -1).T @ d
-            rows = self.near_rows[rows[0]] if len(rows) == 1 else self.near[rows].any(axis=0).nonzero()[0]
+            if len(rows) == 1:  # one changed row (a start): it reaches only its neighbours
+                i = rows[0]
+                rows = self.near_rows[i]
+                z[rows] += self.adj_cols[i][:, rows].T @ d
+            else:
+                z += self.adj_cols[rows].reshape(len(d), -1).T @ d
+                rows = self.near[rows].any(axis=0).nonzero()[0]
             if r == last:  # no round after this one: its change is not needed
                 self._h[-1][rows] = np.maximum(z[rows], 0.0)
             else:
