@@ -195,16 +195,13 @@ def worker_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)  # no OpenMP team in the parent of the forks
     torch.set_grad_enabled(False)
+    from sim_to_real import load_saved_plans
+
     from opsched.backends.interference import ContentionMeter
     from opsched.machine import Machine
-    from opsched.models import load_graph
-    from opsched.plan import Plan
 
     machine = Machine.probe()
-    graphs, plans = {}, {}
-    for d in sorted(Path(args.plans).iterdir()):
-        graphs[d.name] = load_graph(f"zoo:{d.name}")
-        plans[d.name] = {p.stem: Plan.load(p) for p in sorted(d.glob("*.json"))}
+    graphs, plans = load_saved_plans(Path(args.plans), machine)
     items = [(m, p) for m in plans for p in [*plans[m], "eager"]] + [("-", "spin-probe")]
     pin = {"true": True, "false": False, "always": "always"}[args.pin]
     proto = os.fdopen(os.dup(1), "w")  # libraries' prints cannot corrupt the protocol

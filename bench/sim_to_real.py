@@ -229,6 +229,23 @@ def run_forked(machine: Any, graph: Any, plan: Any, warmup: int, reps: int, deta
     return out
 
 
+def load_saved_plans(folder: Path, machine: Any) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """What a measuring worker reads: per zoo model (a subfolder of ``folder``)
+    its graph, rebuilt here, and its plans (``<plan>.json``), each validated
+    against that graph on ``machine`` - the fingerprints prove the worker's
+    graph is the one the parent planned for."""
+    from opsched.models import load_graph
+    from opsched.plan import Plan
+
+    graphs, plans = {}, {}
+    for d in sorted(folder.iterdir()):
+        graphs[d.name] = load_graph(f"zoo:{d.name}")
+        plans[d.name] = {p.stem: Plan.load(p) for p in sorted(d.glob("*.json"))}
+        for p in plans[d.name].values():
+            p.validate(graphs[d.name], machine)
+    return graphs, plans
+
+
 def worker_main(args: argparse.Namespace) -> None:
     """In the measurement subprocess: measure every plan of every model, interleaved.
 
@@ -255,16 +272,9 @@ def worker_main(args: argparse.Namespace) -> None:
     torch.set_grad_enabled(False)
     from opsched.backends.interference import ContentionMeter
     from opsched.machine import Machine
-    from opsched.models import load_graph
-    from opsched.plan import Plan
 
     machine = Machine.probe()
-    graphs, plans = {}, {}
-    for d in sorted(Path(args.plans).iterdir()):
-        graphs[d.name] = load_graph(f"zoo:{d.name}")
-        plans[d.name] = {p.stem: Plan.load(p) for p in sorted(d.glob("*.json"))}
-        for p in plans[d.name].values():
-            p.validate(graphs[d.name], machine)  # fingerprints: the worker's graph is the parent's graph
+    graphs, plans = load_saved_plans(Path(args.plans), machine)
     pairs = [(m, p) for m in plans for p in plans[m]]
     out: dict[str, Any] = {m: {"walls": {p: [] for p in ps}, "busy": {p: [] for p in ps},
                                "others": {p: [] for p in ps}, "op_durations": {}} for m, ps in plans.items()}
