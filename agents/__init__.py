@@ -5,7 +5,7 @@
     run.path, run.best_model, run.evaluations()
 
 ``train`` writes ``runs/<name>_<N>/`` (see :mod:`opsched.agents.runs`);
-``resume(path)`` continues a run from its last checkpoint; ``load_model``
+``resume(path)`` continues a run from its last checkpoint; ``load_trained_model``
 rebuilds a run's model without unpickling anything; the encoder's exact
 computation (and its numpy reference) is in :mod:`opsched.agents.encoder`.
 
@@ -29,6 +29,6 @@ if "tensorflow" not in sys.modules:
 
 from opsched.agents.config import ConfigError, TrainConfig
 from opsched.agents.runs import Run
-from opsched.agents.train import load_model, resume, train
+from opsched.agents.train import load_trained_model, resume, train
 
-__all__ = ["ConfigError", "Run", "TrainConfig", "load_model", "resume", "train"]
+__all__ = ["ConfigError", "Run", "TrainConfig", "load_trained_model", "resume", "train"]

@@ -7,22 +7,14 @@ readable), the evaluation schedule and the PPO / encoder hyperparameters.
 ``--set key=value`` overrides; the resolved config is what lands in the run's
 ``config.yaml``, so a run can be reproduced (or resumed) from its folder alone.
 
-Graph specs:
-    ``zoo:NAME``             a zoo model at batch 1, width 1.0
-    ``zoo:NAME@BxW``         at batch B and width W (``zoo:resnet50@4x0.5``)
-    ``FAMILY:N_OPS:SEED[:KEY=VALUE...]``  a synthetic DAG (``layered:60:3``,
-                             ``layered:80:4:mean_width=1.5``), families of opsched.synthetic
-    ``path/to/graph.json``   a saved OpGraph
-Machine specs: a preset name (``dgx1-4v100``), a YAML file, or
-``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]`` (a CPU-only machine, for training on
-many core counts and sockets).
+Graphs and machines are spec strings of :mod:`opsched.specs` (the grammar
+every command uses): ``zoo:resnet50@4x0.5``, ``layered:80:4:mean_width=1.5``,
+``cpu:40:90:180:2``, ``knl-68``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +86,8 @@ class TrainConfig:
     init: str | None = None
     out: str = "runs"
     max_nodes: int = 128
-    #: Add each op's predicted speed-up at every CPU thread level to the
-    #: observation (``node_levels``, agents.environments.LevelTimes).
+    #: The encoder reads ``node_levels``, each op's predicted speed-up at every
+    #: CPU thread level (false: runs from before it existed).
     level_times: bool = True
     train_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_GRAPHS))
     train_machines: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_MACHINES))
@@ -257,97 +249,3 @@ def load_hyperparams(name: str) -> dict[str, Any]:
         if key not in HYPERPARAM_TYPES:
             raise ConfigError(f"agents/hyperparams/ppo.yml [{name}]: unknown key {key!r}")
     return entry
-
-
-# --------------------------------------------------------------------- graphs
-@functools.lru_cache(maxsize=1)
-def _importer_hash() -> str:
-    """A hash of the zoo and importer sources: a cached zoo graph is reused only
-    while the code that built it is unchanged."""
-    import opsched.importers
-    import opsched.zoo
-
-    h = hashlib.sha256()
-    for pkg in (opsched.zoo, opsched.importers):
-        for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def load_graph_spec(spec: str, cache_dir: str | Path | None = None, executable: bool = False):  # -> OpGraph
-    """Build the graph a spec names (see the module docstring).
-
-    Zoo graphs are traced from real torch modules (seconds each); with
-    ``cache_dir`` their JSON is kept there, keyed by the spec and the importer
-    sources.  ``executable=True`` (real backends) always traces, so the graph
-    carries its torch source."""
-    if spec.startswith("zoo:") and cache_dir is not None and not executable:
-        key = hashlib.sha256(f"{spec}|{_importer_hash()}".encode()).hexdigest()[:20]
-        path = Path(cache_dir) / f"{key}.json"
-        if path.is_file():
-            from opsched.graph import OpGraph
-
-            return OpGraph.load(path)
-        graph = _load_graph_spec(spec)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        graph.save(path)
-        return graph
-    return _load_graph_spec(spec)
-
-
-@functools.lru_cache(maxsize=64)
-def _load_graph_spec(spec: str):  # -> OpGraph
-    """Build the graph a spec names (see the module docstring)."""
-    from opsched.graph import OpGraph
-
-    if spec.startswith("zoo:"):
-        from opsched.models import load_graph
-
-        body = spec[len("zoo:"):]
-        name, _, size = body.partition("@")
-        batch, width = 1, 1.0
-        if size:
-            try:
-                b, w = size.split("x")
-                batch, width = int(b), float(w)
-            except ValueError as exc:
-                raise ConfigError(f"graph spec {spec!r}: expected zoo:NAME@BATCHxWIDTH") from exc
-        return load_graph(f"zoo:{name}", batch, width)
-    parts = spec.split(":")
-    if len(parts) >= 3 and not spec.endswith(".json") and not Path(spec).exists():
-        from opsched.synthetic import FAMILIES, generate
-
-        family, n_ops, seed = parts[:3]
-        if family not in FAMILIES:
-            raise ConfigError(f"graph spec {spec!r}: unknown family {family!r}; families: {', '.join(FAMILIES)}")
-        try:
-            options = {k: float(v) for k, v in (p.split("=", 1) for p in parts[3:])}
-            return generate(family, int(n_ops), int(seed), **options)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"graph spec {spec!r}: expected FAMILY:N_OPS:SEED[:KEY=VALUE...] ({exc})") from exc
-    if Path(spec).exists():
-        return OpGraph.load(spec)
-    raise ConfigError(f"graph spec {spec!r}: not zoo:NAME[@BxW], FAMILY:N_OPS:SEED or a graph JSON file")
-
-
-@functools.lru_cache(maxsize=64)
-def load_machine_spec(spec: str):  # -> Machine
-    """A preset, a YAML file, or ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``."""
-    from opsched.machine import Device, Machine, get_machine
-
-    if spec.startswith("cpu:"):
-        try:
-            parts = spec.split(":")[1:]
-            if len(parts) not in (3, 4):
-                raise ValueError(spec)
-            cores, gflops, bw = parts[:3]
-            sockets = int(parts[3]) if len(parts) == 4 else 1
-            device = Device(id="cpu", kind="cpu", cores=int(cores), gflops=float(gflops),
-                            mem_bandwidth_gbs=float(bw), memory_gb=64.0, sockets=sockets,
-                            name=f"{cores}-core {sockets}-socket CPU")
-        except ValueError as exc:
-            raise ConfigError(f"machine spec {spec!r}: expected cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]") from exc
-        return Machine(name=spec.replace(":", "-"), devices=(device,),
-                       description="CPU-only training machine", source="opsched.agents.config")
-    return get_machine(spec)

@@ -8,14 +8,14 @@ the fixed-size machine state (``MAX_DEVICES`` rows) and pooled summaries, so
 nothing depends on ``max_nodes`` or the graph's size, and renumbering the ops
 renumbers the scores (permutation consistency, pinned by a test).
 
-The exact computation, for ONE observation (``numpy_forward`` below is the
-reference; the torch module computes the same thing batched).  Dense ops
+The exact computation, for ONE observation (the torch module computes the
+same thing batched; ``opsched.policies.numpy_encoder`` incrementally).  Dense ops
 only: matmuls, ReLU, scatter-add, masked pooling, so an exported policy can
 run it in plain numpy.
 
     X      = [node_static | node_dynamic | node_levels]          (N x F)
-             (node_levels: each op's speed-up at every CPU thread level, added by
-             ``opsched.agents.environments.LevelTimes``; absent -> not concatenated)
+             (node_levels: each op's speed-up at every CPU thread level; read
+             unless the encoder is built with ``levels=False``)
     m      = node_mask                                           (N,)   1 = real op
     (s, t) = edge_index rows 0 and 1 (source, target op slots)   (E,)
     e      = edge_mask                                           (E,)   1 = real edge
@@ -36,7 +36,7 @@ run it in plain numpy.
     value  = relu(c @ V_1 + v_1) @ V_2 + v_2
 
 The reshape is row-major over (op slot, device, level), which is exactly the
-flat action order of :mod:`opsched.envs.spaces`:
+flat action order of :mod:`opsched.engine.layout`:
 ``(slot * MAX_DEVICES + device) * MAX_LEVELS + level``, then "wait".
 Masking of invalid actions is the env's ``action_masks()`` (MaskablePPO sets
 their logits to -inf); the encoder never needs to know which are valid.
@@ -52,7 +52,17 @@ import torch as th
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
 
-from opsched.envs.spaces import LEVEL_KEY, MAX_DEVICES, MAX_LEVELS, OBS_KEYS
+from opsched.engine.layout import (
+    DYNAMIC_FEATURES,
+    GLOBAL_FEATURES,
+    HARDWARE_FEATURES,
+    LEVEL_KEY,
+    MAX_DEVICES,
+    MAX_LEVELS,
+    OBS_KEYS,
+    STATIC_FEATURES,
+    unflatten_obs,
+)
 
 
 def _edge_pairs(edge_index, n_edges: int):
@@ -73,22 +83,20 @@ class GraphEncoder(BaseFeaturesExtractor):
     a fixed-width MLP.
     """
 
-    def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, rounds: int = 3) -> None:
-        n_nodes, f_static = observation_space["node_static"].shape
-        f_dynamic = observation_space["node_dynamic"].shape[1]
-        self.node_keys = ("node_static", "node_dynamic") + ((LEVEL_KEY,) if LEVEL_KEY in observation_space.spaces
-                                                              else ())
-        f_levels = observation_space[LEVEL_KEY].shape[1] if LEVEL_KEY in observation_space.spaces else 0
-        n_devices, f_hw = observation_space["hardware"].shape
-        f_glob = observation_space["globals"].shape[0]
-        if n_devices != MAX_DEVICES:
-            raise ValueError(f"hardware observation has {n_devices} rows, expected MAX_DEVICES={MAX_DEVICES}")
+    def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, rounds: int = 3,
+                 levels: bool = True) -> None:
+        n_nodes = observation_space["node_mask"].shape[0]
+        f_static, f_dynamic = len(STATIC_FEATURES), len(DYNAMIC_FEATURES)
+        self.node_keys = ("node_static", "node_dynamic") + ((LEVEL_KEY,) if levels else ())
+        f_levels = MAX_LEVELS if levels else 0
+        n_devices, f_hw = MAX_DEVICES, len(HARDWARE_FEATURES)
+        f_glob = len(GLOBAL_FEATURES)
         self.n_nodes = int(n_nodes)
         self.n_actions = self.n_nodes * MAX_DEVICES * MAX_LEVELS + 1
         super().__init__(observation_space, features_dim=self.n_actions + 1)
         missing = [k for k in OBS_KEYS if k not in observation_space.spaces]
         if missing:
-            raise ValueError(f"observation lacks {missing}; the encoder reads {OBS_KEYS} (envs/spaces.py)")
+            raise ValueError(f"observation lacks {missing}; the encoder reads {OBS_KEYS} (opsched/engine/layout.py)")
         self.n_edges = int(observation_space["edge_mask"].shape[0])
         self.hidden, self.rounds = int(hidden), int(rounds)
         H = self.hidden
@@ -120,6 +128,7 @@ class GraphEncoder(BaseFeaturesExtractor):
         in the batch are computed (the env packs real ops and edges first; this
         holds without it too), and the padded slots get the scores of an op
         with a zero embedding -- exactly what the full computation gives them."""
+        obs = unflatten_obs(obs, self.n_nodes, self.n_edges, batch=True)
         node_mask = obs["node_mask"]
         B, N = node_mask.shape
         n = _used(node_mask)
@@ -165,56 +174,3 @@ def _used(mask: th.Tensor) -> int:
     """1 + the last index any row of the batch uses (0 if none)."""
     cols = th.nonzero(mask.any(0))
     return int(cols.max()) + 1 if cols.numel() else 0
-
-
-# --------------------------------------------------------------------------- numpy reference
-
-def numpy_params(encoder: GraphEncoder) -> dict[str, np.ndarray]:
-    """The encoder's weights as plain arrays (torch ``Linear`` stores W transposed:
-    ``y = x @ weight.T + bias``), keyed by parameter name."""
-    return {k: v.detach().cpu().numpy().astype(np.float64) for k, v in encoder.state_dict().items()}
-
-
-def numpy_forward(params: Mapping[str, np.ndarray], obs: Mapping[str, np.ndarray],
-                  rounds: int) -> tuple[np.ndarray, float]:
-    """The encoder for ONE (unbatched) observation in plain numpy: (logits, value).
-
-    This is the reference the exported scheduler implements; it must equal the
-    torch module to float precision (tested)."""
-
-    def lin(name: str, x: np.ndarray) -> np.ndarray:
-        y = x @ params[f"{name}.weight"].T
-        bias = params.get(f"{name}.bias")
-        return y if bias is None else y + bias
-
-    relu = lambda a: np.maximum(a, 0.0)  # noqa: E731
-    keys = ["node_static", "node_dynamic"] + ([LEVEL_KEY] if LEVEL_KEY in obs else [])
-    x = np.concatenate([obs[k] for k in keys], axis=-1).astype(np.float64)
-    N = x.shape[0]
-    m = np.asarray(obs["node_mask"], dtype=np.float64).reshape(N, 1)
-    e = np.asarray(obs["edge_mask"], dtype=np.float64).reshape(-1, 1)
-    pairs = np.clip(_edge_pairs(np.asarray(obs["edge_index"]), e.shape[0]).astype(np.int64), 0, N - 1)
-    src, dst = pairs[:, 0], pairs[:, 1]
-    indeg = np.maximum(np.bincount(dst, weights=e[:, 0], minlength=N), 1.0).reshape(N, 1)
-    outdeg = np.maximum(np.bincount(src, weights=e[:, 0], minlength=N), 1.0).reshape(N, 1)
-
-    h = relu(lin("inp", x)) * m
-    for r in range(rounds):
-        fwd = np.zeros_like(h)
-        bwd = np.zeros_like(h)
-        np.add.at(fwd, dst, h[src] * e)
-        np.add.at(bwd, src, h[dst] * e)
-        h = relu(lin(f"self_lin.{r}", h) + lin(f"fwd_lin.{r}", fwd / indeg) + lin(f"bwd_lin.{r}", bwd / outdeg)) * m
-
-    pooled = np.concatenate([
-        (h * m).sum(0) / max(m.sum(), 1.0),
-        (h * m).max(0),
-        np.asarray(obs["hardware"], dtype=np.float64).reshape(-1),
-        np.asarray(obs["globals"], dtype=np.float64),
-    ])
-    c = relu(lin("ctx", pooled))
-    u = relu(lin("op_head", h) + lin("ctx_head", c)[None, :])
-    scores = lin("act", u).reshape(N * MAX_DEVICES * MAX_LEVELS)
-    logits = np.concatenate([scores, lin("wait", c)])
-    value = float(lin("value2", relu(lin("value1", c)))[0])
-    return logits, value

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from opsched.agents.config import TrainConfig, load_graph_spec, load_machine_spec
+from opsched.agents.config import TrainConfig
+from opsched.specs import load_graph, load_machine
 
 
 @dataclass
@@ -76,8 +77,9 @@ def _short(name: str) -> str:
 
 
 def build_pairs(graph_specs: Sequence[str], machine_specs: Sequence[str], cache_dir: Any = None) -> list[Pair]:
-    graphs = {g: load_graph_spec(g, cache_dir=cache_dir) for g in graph_specs}
-    return [Pair(g, m, graphs[g], load_machine_spec(m)) for g in graph_specs for m in machine_specs]
+    graphs = {g: load_graph(g, cache_dir=cache_dir) for g in graph_specs}
+    machines = {m: load_machine(m) for m in machine_specs}
+    return [Pair(g, m, graphs[g], machines[m]) for g in graph_specs for m in machine_specs]
 
 
 def baseline_makespans(pairs: Sequence[Pair], baselines: Sequence[str], model: Any = None) -> None:
@@ -101,7 +103,7 @@ class HeldOutEvaluator:
         self.pairs = build_pairs(config.heldout_graphs, config.heldout_machines, cache_dir)
         baseline_makespans(self.pairs, config.baselines, model)
         self.model = model
-        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model, level_times=config.level_times)
+        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model)
                      for p in self.pairs]
 
     def evaluate(self, act: Callable[[dict, np.ndarray], int],
@@ -157,7 +159,7 @@ def policy_actor(policy: Any) -> Callable[[dict, np.ndarray], int]:
 
 def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: Any, max_nodes: int,
                     backend: str = "torch-cpu", baseline: str = "critical-path-first",
-                    repeats: int = 3, level_times: bool = True) -> list[dict[str, Any]]:
+                    repeats: int = 3) -> list[dict[str, Any]]:
     """Measured makespans (median of ``repeats`` after a warm-up) of each policy's
     greedy plan and of ``baseline``'s plan, per graph, on the real backend.
 
@@ -169,7 +171,7 @@ def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: A
     from opsched.backends.registry import get_backend
     from opsched.policies import get_policy
 
-    env = make_env(list(graphs.values()), [machine], max_nodes, backend=backend, level_times=level_times)
+    env = make_env(list(graphs.values()), [machine], max_nodes, backend=backend)
     rows = []
     try:
         for spec, graph in graphs.items():

@@ -63,7 +63,7 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
     none yet), ``"final"``, or the path of a model zip inside the run."""
     from opsched.agents.config import ConfigError
     from opsched.agents.runs import Run
-    from opsched.agents.train import load_model
+    from opsched.agents.train import load_trained_model
 
     run_dir = Path(run_dir)
     try:
@@ -73,7 +73,7 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
     zip_path = _model_zip(run, which)
     cfg = run.config
     try:
-        model = load_model(zip_path, env=_spaces_env(cfg))
+        model = load_trained_model(zip_path, env=_spaces_env(cfg))
     except Exception as exc:  # torch / SB3 raise many kinds on a bad zip
         raise PolicyError(f"export: cannot load {zip_path}: {type(exc).__name__}: {exc}") from exc
     steps, evaluation = _model_record(run, zip_path)
@@ -97,7 +97,6 @@ def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
     a CPU one) with the torch policy's; raise PolicyError on a mismatch."""
     import torch as th
 
-    from opsched.agents.environments import LevelTimes
     from opsched.envs.schedule_env import ScheduleEnv
     from opsched.policies.exported import load
     from opsched.synthetic import generate
@@ -106,8 +105,6 @@ def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
     encoder = getattr(policy, "encoder", None) or policy.features_extractor
     env = ScheduleEnv(graphs=[generate("layered", 24, 7)], machine=["dgx1-4v100", "xeon-8180-2s"],
                       max_nodes=exported.max_nodes, max_edges=exported.max_edges)
-    if exported.encoder.levels:
-        env = LevelTimes(env)
     rng = np.random.default_rng(0)
     worst = 0.0
     for k in range(n_states):
@@ -169,22 +166,21 @@ def _model_record(run: Any, zip_path: Path) -> tuple[int | None, dict[str, float
 
 def _spaces_env(cfg: Any) -> Any:
     """A cheap env with the run's observation and action spaces (they depend
-    only on ``max_nodes`` and ``level_times``), so loading a model needs no zoo import."""
+    only on ``max_nodes``), so loading a model needs no zoo import."""
     from opsched.agents.environments import make_env
     from opsched.machine import get_machine
     from opsched.synthetic import generate
 
-    return make_env([generate("layered", 8, 0)], [get_machine("xeon-8180-2s")], int(cfg.max_nodes),
-                    level_times=bool(cfg.level_times))
+    return make_env([generate("layered", 8, 0)], [get_machine("xeon-8180-2s")], int(cfg.max_nodes))
 
 
 def _any_gpu(specs: list[str]) -> bool:
-    from opsched.agents.config import load_machine_spec
+    from opsched.machine import get_machine
 
     out = False
     for s in specs:
         try:
-            out = out or bool(load_machine_spec(s).gpus)
+            out = out or bool(get_machine(s).gpus)
         except Exception:  # an unreadable spec cannot prove CPU-only: allow GPUs
             return True
     return out

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from opsched.backends.sim import DONE
-from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS
+from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS
+from opsched.engine.sim import DONE
 
 STATIC_KEYS = ("node_static", "node_mask", "edge_index", "edge_mask", "node_levels")
 STEP_KEYS = ("node_dynamic", "hardware", "globals")
@@ -70,7 +70,7 @@ def best_expert(graph: Any, machine: Any, experts: Sequence[str], model: Any = N
 
 def expert_plan(env: Any, experts: Sequence[str], model: Any = None) -> ExpertPlan:
     """The best heuristic's Plan for the env's current episode, mapped to op slots."""
-    data = env.unwrapped._data
+    data = env.unwrapped.episode_data
     graph, machine, co = data.graph, data.machine, data.coarsening
     name, plan, makespan = best_expert(graph, machine, experts, model)
     dev_index = machine.device_index
@@ -99,9 +99,9 @@ def expert_plan(env: Any, experts: Sequence[str], model: Any = None) -> ExpertPl
 
 def expert_action(env: Any, ep: ExpertPlan, mask: np.ndarray) -> int:
     """The expert's decision in the env's current state (see the module docstring)."""
-    st, layout = env.unwrapped._state, env.unwrapped.layout
-    status = st.status
-    for slot in sorted(st.ready_ops(), key=ep.rank.__getitem__):
+    episode, layout = env.unwrapped.episode, env.unwrapped.layout
+    status = episode.status
+    for slot in sorted(episode.ready_ops(), key=ep.rank.__getitem__):
         if any(status[j] != DONE for j in ep.after[slot]):
             continue
         a = layout.encode(slot, ep.device[slot], ep.level[slot])

@@ -44,17 +44,17 @@ class GraphPolicy(MaskableActorCriticPolicy):
     """MaskableActorCriticPolicy whose logits are scored per op by the graph encoder.
 
     ``hidden`` and ``rounds`` size the encoder (embedding width, message-passing
-    rounds); everything else is SB3's.
+    rounds); ``levels``: whether it reads ``node_levels``; everything else is SB3's.
     """
 
     def __init__(self, observation_space, action_space, lr_schedule, hidden: int = 64, rounds: int = 3,
-                 **kwargs: Any) -> None:
+                 levels: bool = True, **kwargs: Any) -> None:
         kwargs["features_extractor_class"] = GraphEncoder
-        kwargs["features_extractor_kwargs"] = dict(hidden=int(hidden), rounds=int(rounds))
+        kwargs["features_extractor_kwargs"] = dict(hidden=int(hidden), rounds=int(rounds), levels=bool(levels))
         kwargs["share_features_extractor"] = True
         kwargs["ortho_init"] = False  # the encoder initialises its own output heads
         kwargs.setdefault("net_arch", [])
-        self.hidden, self.rounds = int(hidden), int(rounds)
+        self.hidden, self.rounds, self.levels = int(hidden), int(rounds), bool(levels)
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
@@ -70,7 +70,7 @@ class GraphPolicy(MaskableActorCriticPolicy):
         data = super()._get_constructor_parameters()
         for key in ("features_extractor_class", "features_extractor_kwargs", "ortho_init", "net_arch"):
             data.pop(key, None)
-        data.update(hidden=self.hidden, rounds=self.rounds)
+        data.update(hidden=self.hidden, rounds=self.rounds, levels=self.levels)
         return data
 
     @property
@@ -82,7 +82,7 @@ def action_logits(policy: GraphPolicy, obs: dict[str, np.ndarray]) -> np.ndarray
     """The deterministic action logits (unmasked) for ONE observation, as numpy.
 
     The greedy action is ``argmax(where(mask, logits, -inf))``; the exported
-    numpy scheduler must reproduce these logits (see ``encoder.numpy_forward``)."""
+    numpy scheduler must reproduce these logits (``opsched.policies.numpy_encoder``)."""
     policy.set_training_mode(False)
     tensor, _ = policy.obs_to_tensor(obs)
     with th.no_grad():

@@ -44,12 +44,14 @@ from opsched.agents.callbacks import (
     save_model,
     sigint_stops,
 )
-from opsched.agents.config import ConfigError, TrainConfig, load_graph_spec, load_machine_spec
+from opsched.agents.config import ConfigError, TrainConfig
 from opsched.agents.environments import make_env, make_vec_env
 from opsched.agents.evaluate import HeldOutEvaluator
 from opsched.agents.policy import GraphPolicy
 from opsched.agents.runs import Run, RunLock
 from opsched.io import atomic_write_text
+from opsched.machine import get_machine
+from opsched.specs import load_graph
 
 #: Heuristics the imitation warm start copies (the fastest of them per training pair).
 EXPERTS = ("critical-path-first", "heft")
@@ -97,10 +99,10 @@ def _inherit_architecture(cfg: TrainConfig, source: Run) -> TrainConfig:
 
 def load_sets(cfg: TrainConfig) -> tuple[list[Any], list[Any]]:
     """The training graphs and machines (graphs cached under ``<out>/.cache/graphs``)."""
-    executable = cfg.backend != "sim"
-    cache = Path(cfg.out) / ".cache" / "graphs"
-    graphs = [load_graph_spec(s, cache_dir=cache, executable=executable) for s in cfg.train_graphs]
-    machines = [load_machine_spec(s) for s in cfg.train_machines]
+    # real backends execute the graphs: traced afresh (a cached JSON graph has no torch source)
+    cache = Path(cfg.out) / ".cache" / "graphs" if cfg.backend == "sim" else None
+    graphs = [load_graph(s, cache_dir=cache) for s in cfg.train_graphs]
+    machines = [get_machine(s) for s in cfg.train_machines]
     return graphs, machines
 
 
@@ -108,12 +110,12 @@ def build_model(cfg: TrainConfig, env: Any, seed: int | None) -> MaskablePPO:
     """``MaskablePPO(GraphPolicy, env, ...)`` from the resolved hyperparameters."""
     return MaskablePPO(
         GraphPolicy, env, **cfg.ppo_kwargs(),
-        policy_kwargs=dict(hidden=cfg.ppo["hidden"], rounds=cfg.ppo["rounds"]),
+        policy_kwargs=dict(hidden=cfg.ppo["hidden"], rounds=cfg.ppo["rounds"], levels=cfg.level_times),
         seed=seed, device="cpu", verbose=0,
     )
 
 
-def load_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
+def load_trained_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     """A run's best model (or a given zip inside a run folder), rebuilt from the
     run's config and loaded with ``set_parameters`` (tensors only, no unpickling).
 
@@ -125,8 +127,8 @@ def load_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     zip_path = run.model_for_init() if path.is_dir() else path
     cfg = run.config
     if env is None:
-        env = make_env([load_graph_spec(cfg.heldout_graphs[0], Path(cfg.out) / ".cache" / "graphs")],
-                       [load_machine_spec(cfg.heldout_machines[0])], cfg.max_nodes, level_times=cfg.level_times)
+        env = make_env([load_graph(cfg.heldout_graphs[0], cache_dir=Path(cfg.out) / ".cache" / "graphs")],
+                       [get_machine(cfg.heldout_machines[0])], cfg.max_nodes)
     model = build_model(cfg, env, seed=None)
     set_weights(model, zip_path, "model")
     return model
@@ -170,8 +172,7 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
         graphs, machines = load_sets(cfg)
         evaluator = HeldOutEvaluator(cfg, cache_dir=Path(cfg.out) / ".cache" / "graphs")
         _write_baselines(run, evaluator)
-        env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend,
-                           level_times=cfg.level_times)
+        env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
         try:
             model = build_model(cfg, env, seed=None if checkpoint is not None else cfg.seed)
             model.set_logger(configure(str(run.tensorboard_dir), ["tensorboard"]))
@@ -222,7 +223,7 @@ def _imitation(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: lis
 
     p = cfg.ppo
     pairs = [(g, m) for g in graphs for m in machines]
-    env = make_env(graphs, machines, cfg.max_nodes, backend="sim", level_times=cfg.level_times)
+    env = make_env(graphs, machines, cfg.max_nodes, backend="sim")
     t0 = time.time()
     best: dict[str, Any] = {}
 
@@ -301,8 +302,7 @@ def _real_report(run: Run, cfg: TrainConfig, model: MaskablePPO, graphs: list, m
     start = build_model(cfg, model.get_env(), seed=None)
     set_weights(start, run.checkpoints()[0].model, "checkpoint")
     rows = real_comparison({"start": start.policy, "final": model.policy},
-                           dict(zip(cfg.train_graphs, graphs)), machines[0], cfg.max_nodes, cfg.backend,
-                           level_times=cfg.level_times)
+                           dict(zip(cfg.train_graphs, graphs)), machines[0], cfg.max_nodes, cfg.backend)
     ratio = float(np.exp(np.mean([np.log(r["final"] / r["start"]) for r in rows])))
     atomic_write_text(run.path / "real_makespans.json", json.dumps(
         {"rows": rows, "gmean_final_over_start": ratio}, indent=2) + "\n")

@@ -1,16 +1,20 @@
-"""The one interface the simulator and every real executor implement."""
+"""The base class of every backend: the :class:`~opsched.engine.contracts.Backend`
+contract's bookkeeping (machine, context manager, close)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
 
+from opsched.errors import ExecutionError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace
 
 
-class Backend(ABC):
+class BackendBase(ABC):
     """Executes a :class:`Plan` for an :class:`OpGraph` and returns a :class:`Trace`.
 
     A backend is bound to one :class:`Machine` (``self.machine``).  ``run``
@@ -28,14 +32,18 @@ class Backend(ABC):
         self.machine = machine
 
     @abstractmethod
-    def run(self, graph: OpGraph, plan: Plan) -> Trace:
+    def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any] | None = None) -> Trace:
         """Execute ``plan`` and return what happened."""
+
+    def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
+        """Execute ``plan`` on ``inputs`` and return the model's outputs."""
+        raise ExecutionError(f"backend {self.name!r} times plans but computes no outputs")
 
     def close(self) -> None:
         """Release threads, processes and devices (idempotent); nothing to do by default."""
         return None
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> BackendBase:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -31,7 +31,7 @@ simulator and the schedulers take either.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -40,7 +40,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from opsched.backends.interference import InterferenceFit, PairRecord, fit_interference
-from opsched.backends.perfmodel import KIND_SERIAL, AnalyticModel, TimeTable
+from opsched.backends.perfmodel import KIND_SERIAL, AnalyticModel
 from opsched.backends.profiler import (
     DEFAULT_CACHE_DIR,
     OpProfile,
@@ -49,16 +49,11 @@ from opsched.backends.profiler import (
     load_profiles,
     op_signature,
 )
+from opsched.engine.contracts import RuntimeModel, TimeTable
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
 
 _MIN_TIME = 1e-7
-#: Op kinds whose CPU kernels (oneDNN, MKL) always run an OpenMP parallel region at > 1 thread.
-PARALLEL_KINDS = frozenset({"conv", "matmul", "rnn", "attention"})
-#: Reference op time of :attr:`RuntimeCalibration.insitu_exp` (seconds).
-INSITU_REF_S = 1e-4
-#: ATen's ``internal::GRAIN_SIZE``: element-wise loops over fewer elements run on one thread.
-ATEN_GRAIN_SIZE = 32768
 
 
 # ------------------------------------------------------------------- Amdahl
@@ -209,6 +204,8 @@ class FittedModel:
     """
 
     name = "fitted"
+    #: The ops alone (a real runtime's costs: :class:`~opsched.backends.runtime.PlanningModel`).
+    runtime: RuntimeModel | None = None
 
     def __init__(self, profiles: Profile | Sequence[Profile], base: AnalyticModel | None = None,
                  use_measured: bool = True, prior_weight: float = 0.05, min_kind_ops: int = 3,
@@ -482,299 +479,3 @@ def fitted_or_analytic(machine: Machine | None = None, cache_dir: str | Path = D
         return FittedModel.from_cache(machine, cache_dir)
     except ProfileError:
         return AnalyticModel()
-
-
-# ------------------------------------------------------------- real runtime
-@dataclass(frozen=True)
-class RuntimeCalibration:
-    """What executing a whole plan on a real runtime adds to the profiled op times.
-
-    The profiler times each op alone, called back to back on one thread with
-    its inputs, weights and code path hot; a runtime executing a plan runs
-    every op once, after other ops, and pays its own bookkeeping.  None of
-    that shows in a per-op profile.  Fields (seconds unless said):
-
-    * ``insitu_factor``: CPU op times are multiplied by it (>= 0; 1 = as
-      profiled);
-    * ``cold_byte_s``: seconds per byte of weights an op is the first in the
-      run to read (:func:`cold_weight_bytes`): profiled in a loop they sit in
-      the caches, in a run they come from memory - once per run, so a
-      recurrent cell's weights, read at every step, count once;
-    * ``act_byte_s``: seconds per byte of activations an op reads and writes
-      (``bytes_total - param_bytes``): profiled in a loop they stay in the
-      first-level caches, in a run an op's input was written by another op
-      and its output is a fresh buffer;
-    * the two streams overlap with the op's computation (hardware prefetch):
-      an op in a run takes ``max(insitu_factor * t, cold_byte_s * cold +
-      act_byte_s * activations)`` - a compute-bound convolution hides its
-      weights' fetch, a small memory-bound op waits for it (a roofline whose
-      memory side counts only what the profile had in cache);
-    * ``op_overhead_s``: then added to every CPU op: the executor's ready
-      counters, slot pool and timing, and the cold Python/dispatcher path of
-      an op called once rather than in a loop;
-    * ``thread_switch_s``: waking an idle OpenMP team: added to a
-      multi-threaded CPU op that enters a parallel region
-      (:meth:`CalibratedModel.opens_parallel_region`) when the last op started
-      on its device did not use a team of that size (a one-thread op runs no
-      parallel region; the helpers spin a while, then sleep on a futex, and
-      the next parallel region must wake them);
-    * ``team_overhead_s``: once two threads have each run a multi-threaded
-      op, both hold OpenMP teams (the runtime gives every multi-threaded op
-      to the calling thread, so this happens only when two of them run side
-      by side); the process
-      then has more OpenMP threads than cores, libgomp stops spin-waiting at
-      its barriers, and a multi-threaded op is no faster than on one thread
-      and pays for waking its team: one that enters a parallel region
-      (:meth:`CalibratedModel.opens_parallel_region`) takes ``max(t(k), t(1))
-      + team_overhead_s`` (measured here: a 2-thread convolution at its
-      1-thread time plus ~35 us once a second team exists);
-    * ``host_s``: of each op's time, the part that holds the interpreter lock
-      (its GIL share is ``min(1, host_s / t)``); co-running ops whose shares
-      add up to more than 1 slow down as the GIL is oversubscribed - the same
-      law as memory bandwidth in :meth:`AnalyticModel.slowdown`;
-    * ``corun_c0``: a flat slowdown of ops that co-run (shared caches,
-      frequency, hand-offs between executor threads);
-    * ``handoff_s``: waking a sleeping executor thread: the runtime's calling
-      thread runs the multi-threaded ops, workers the one-thread ops, and an
-      op started by a thread other than the one that runs it (a dependency
-      that crosses between them, or a second co-running op) waits for its
-      thread to wake (the simulator follows the runtime's rule: see
-      "Hand-offs" in ``backends/sim.py``);
-    * ``insitu_exp``: the in-situ factor depends on the op's size: the
-      profiled time ``t`` becomes ``insitu_factor * t * (t / 100 us) **
-      insitu_exp`` (0: one factor for all; < 0: small ops - whose code,
-      branch history and caches a loop kept warm - slow down more in a run
-      than big compute-bound ones);
-    * ``stream_overlap``: 1 (default) when the memory streams overlap with
-      the computation (the ``max`` above), 0 when they add to it;
-    * ``spin_s``: how long an OpenMP team's helper threads keep spinning
-      after a parallel region ends (libgomp's ``GOMP_SPINCOUNT``; ~8.4 ms
-      measured here by ``bench/mixed_plans.py``): when a ``k``-thread op
-      that entered a parallel region ends, ``k - 1`` cores stay busy until
-      then or until the next parallel region starts, and the ops computing
-      meanwhile share the other cores (the runtime runs such plans' workers
-      unpinned, so they go where the kernel finds a core; see "OpenMP spin"
-      in ``backends/sim.py``).  Not when several teams exist (libgomp then
-      stops spinning: ``team_overhead_s``).  0: not modelled;
-    * ``fitted_on``: what it was fitted on (models / plans), for the record.
-
-    Fields absent from a saved calibration take their neutral value (older
-    files load unchanged).
-    """
-
-    op_overhead_s: float = 0.0
-    host_s: float = 0.0
-    corun_c0: float = 0.0
-    insitu_factor: float = 1.0
-    thread_switch_s: float = 0.0
-    team_overhead_s: float = 0.0
-    cold_byte_s: float = 0.0
-    act_byte_s: float = 0.0
-    fitted_on: tuple[str, ...] = ()
-    handoff_s: float = 0.0
-    insitu_exp: float = 0.0
-    stream_overlap: float = 1.0
-    spin_s: float = 0.0
-
-    _FIELDS = ("op_overhead_s", "host_s", "corun_c0", "insitu_factor", "thread_switch_s", "team_overhead_s",
-               "cold_byte_s", "act_byte_s", "handoff_s", "insitu_exp",
-               "stream_overlap", "spin_s")
-    #: Fields that may be negative, and each field's value when a file lacks it.
-    _SIGNED = frozenset({"insitu_exp"})
-    _DEFAULTS = {"insitu_factor": 1.0, "stream_overlap": 1.0}
-
-    def to_dict(self) -> dict[str, object]:
-        return {**{k: getattr(self, k) for k in self._FIELDS}, "fitted_on": list(self.fitted_on)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object], where: str = "<dict>") -> RuntimeCalibration:
-        try:
-            vals = {k: float(data.get(k, cls._DEFAULTS.get(k, 0.0)))  # type: ignore[arg-type]
-                    for k in cls._FIELDS}
-            fitted_on = tuple(str(x) for x in data.get("fitted_on", ()))  # type: ignore[union-attr]
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ProfileError(f"{where}: malformed runtime calibration: {exc}") from None
-        bad = [k for k, v in vals.items() if not np.isfinite(v) or (v < 0 and k not in cls._SIGNED)]
-        if bad:
-            raise ProfileError(f"{where}: runtime calibration {bad[0]} must be a finite number"
-                               f"{'' if bad[0] in cls._SIGNED else ' >= 0'}, got {vals[bad[0]]!r}")
-        if not 0.0 <= vals["stream_overlap"] <= 1.0:
-            raise ProfileError(f"{where}: runtime calibration stream_overlap must be 0 or 1 (or between), "
-                               f"got {vals['stream_overlap']!r}")
-        return cls(**vals, fitted_on=fitted_on)
-
-    def save(self, path: str | Path) -> None:
-        import json
-
-        from opsched.io import atomic_write_text
-
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
-
-    @classmethod
-    def load(cls, path: str | Path) -> RuntimeCalibration:
-        import json
-
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"{p}: no such runtime calibration file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProfileError(f"{p}: cannot read runtime calibration ({exc})") from None
-        if not isinstance(data, Mapping):
-            raise ProfileError(f"{p}: a runtime calibration is a JSON object")
-        return cls.from_dict(data, where=str(p))
-
-
-class CalibratedModel:
-    """A performance model plus a :class:`RuntimeCalibration`: what the real
-    runtime, not the op alone, will take (same API as the wrapped model).
-
-    CPU op times become ``max(insitu_factor * t, cold_byte_s * cold_bytes(op) +
-    act_byte_s * activation_bytes(op)) + op_overhead_s`` (``cold_bytes``: per
-    op of a graph, default :func:`cold_weight_bytes`); the simulator adds
-    ``thread_switch_s`` (:attr:`thread_switch_s`) to a multi-threaded op that
-    must wake an idle OpenMP team and :attr:`team_overhead_s` to multi-threaded
-    ops once two executor threads hold teams, keeps ``k - 1`` cores busy for
-    :attr:`spin_s` after a ``k``-thread op's parallel region (the team's
-    helpers spinning), and prices co-running CPU ops with
-    the wrapped model's term plus the GIL and flat co-run terms (through
-    :meth:`corun_slowdown`, called with each op's alone time).  GPU devices
-    are passed through unchanged."""
-
-    def __init__(self, base: object, calibration: RuntimeCalibration,
-                 cold_bytes: Callable[[OpGraph], Sequence[float]] | None = None) -> None:
-        self.base = base
-        self.calibration = calibration
-        self.cold_bytes = cold_bytes or cold_weight_bytes
-        self.name = f"{getattr(base, 'name', type(base).__name__)}+runtime"
-        self._tables: dict[tuple[str, str], TimeTable] = {}
-
-    @property
-    def thread_switch_s(self) -> float:
-        return self.calibration.thread_switch_s
-
-    @property
-    def team_overhead_s(self) -> float:
-        return self.calibration.team_overhead_s
-
-    @property
-    def handoff_s(self) -> float:
-        return self.calibration.handoff_s
-
-    @property
-    def spin_s(self) -> float:
-        return self.calibration.spin_s
-
-    @staticmethod
-    def opens_parallel_region(op: Op) -> bool:
-        """Whether a multi-threaded run of ``op`` enters an OpenMP parallel region
-        (and so pays :attr:`team_overhead_s` when throttled): library kernels
-        (oneDNN convolutions, MKL GEMMs) always do; ATen's element-wise,
-        reduction and normalisation loops only above its grain size."""
-        if op.kind in PARALLEL_KINDS:
-            return True
-        return float(np.prod(op.shape)) >= ATEN_GRAIN_SIZE if op.shape else False
-
-    def _cpu(self, t: float | np.ndarray, stream_s: float | np.ndarray) -> float | np.ndarray:
-        """An op's time in a run from its profiled time ``t`` and the time
-        ``stream_s`` to fetch what the profile had in cache (overlapped)."""
-        c = self.calibration
-        if c.insitu_exp:
-            tt = np.maximum(t, _MIN_TIME)
-            t = np.where(np.isfinite(tt), tt * (tt / INSITU_REF_S) ** c.insitu_exp, tt)
-        comp = c.insitu_factor * t
-        if c.stream_overlap >= 1.0:
-            return np.maximum(comp, stream_s) + c.op_overhead_s
-        # partial overlap: between the roofline's max and the plain sum
-        w = c.stream_overlap
-        return w * np.maximum(comp, stream_s) + (1.0 - w) * (comp + stream_s) + c.op_overhead_s
-
-    def _act(self, op: Op) -> float:
-        return self.calibration.act_byte_s * max(0.0, op.bytes_total - op.param_bytes)
-
-    def op_time(self, op: Op, device: Device, threads: int) -> float:
-        """Alone on ``device`` in a run (without the graph: all its weights cold)."""
-        t = float(self.base.op_time(op, device, threads))  # type: ignore[attr-defined]
-        if device.is_gpu:
-            return t
-        return float(self._cpu(t, self.calibration.cold_byte_s * op.param_bytes + self._act(op)))
-
-    def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
-        key = (graph.fingerprint(), machine.fingerprint())
-        hit = self._tables.get(key)
-        if hit is None:
-            base = self.base.time_table(graph, machine)  # type: ignore[attr-defined]
-            times = base.times.copy()
-            stream = self.calibration.cold_byte_s * np.asarray(self.cold_bytes(graph), dtype=float)
-            stream += np.array([self._act(op) for op in graph.ops])
-            for d, dev in enumerate(machine.devices):
-                if not dev.is_gpu:  # inf (missing levels) stays inf
-                    times[:, d, :] = self._cpu(times[:, d, :], stream[:, None])
-            hit = self._tables[key] = TimeTable(times, base.levels, base.device_ids)
-        return hit
-
-    def mem_demand(self, op: Op, device: Device, threads: int) -> float:
-        return op.bytes_total / self.op_time(op, device, threads) / 1e9
-
-    def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
-        """The wrapped term plus the flat co-run term (no GIL term: it needs the ops' times)."""
-        f = np.asarray(self.base.slowdown(device, demands), dtype=float)  # type: ignore[attr-defined]
-        if device.is_gpu or f.size < 2:
-            return f
-        return f + self.calibration.corun_c0
-
-    def corun_slowdown(self, device: Device, demands: Sequence[float], times: Sequence[float]) -> list[float]:
-        """Slowdown factors (>= 1) of ops co-running on ``device`` given each
-        one's alone bandwidth demand (GB/s) and alone time (seconds)."""
-        f = self.slowdown(device, np.asarray(demands, dtype=float))
-        h = self.calibration.host_s
-        if device.is_gpu or len(times) < 2 or h <= 0:
-            return f.tolist()
-        share = [min(1.0, h / t) if t > 0 else 1.0 for t in times]
-        over = sum(share) - 1.0
-        if over <= 0:
-            return f.tolist()
-        return [x + s * over for x, s in zip(f.tolist(), share, strict=True)]
-
-    def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
-        return self.base.transfer_time(nbytes, src, dst, machine)  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> object:
-        # anything else (levels, source(), matches(), ...) is the wrapped model's
-        if name == "base":
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-
-def cold_weight_bytes(graph: OpGraph) -> np.ndarray:
-    """Per op, the bytes of weights it is the first op of a run to read.
-
-    An op's ``param_bytes`` counts every weight it reads; a weight read by
-    several ops (an unrolled recurrent cell's, at every step) is fetched from
-    memory once per run and then stays in the caches.  For an imported torch
-    graph the weights are told apart by their value slots (``graph.source``);
-    without a source every op's ``param_bytes`` counts.  An embedding lookup
-    reads the rows it returns, not its whole table."""
-    src = graph.source
-    out = np.array([min(op.param_bytes, op.bytes_written) if op.kind == "embedding" else op.param_bytes
-                    for op in graph.ops], dtype=float)
-    const = getattr(src, "const_slots", None)
-    if not const or not hasattr(src, "compile_ops"):
-        return out
-    try:
-        values = src.new_values(*src.example_inputs)
-        compiled = {c.op_id: c for c in src.compile_ops()}
-    except Exception:  # a source that cannot rebuild its values: every op's own weights
-        return out
-    size = {s: float(values[s].numel() * values[s].element_size()) for s in const
-            if hasattr(values[s], "element_size")}
-    seen: set[int] = set()
-    for i in graph.topo_index:
-        c = compiled.get(graph.ops[i].id)
-        if c is None:
-            continue
-        again = [s for s in c.reads if s in size and s in seen]
-        seen.update(s for s in c.reads if s in size)
-        out[i] = max(0.0, out[i] - sum(size[s] for s in again))
-    return out

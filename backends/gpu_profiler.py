@@ -250,6 +250,8 @@ class GPUProfileModel:
     """
 
     name = "gpu-profiled"
+    #: The ops alone: no real runtime's costs.
+    runtime = None
 
     def __init__(self, profiles: Profile | Sequence[Profile], base: Any = None) -> None:
         from opsched.backends.perfmodel import default_model

@@ -26,7 +26,6 @@ cache) so every class is represented on any graph.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -35,6 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from opsched.timing import ContentionMeter
 
 #: Arithmetic intensity (FLOPs per byte) from which an op counts as compute-bound.
 COMPUTE_BOUND_INTENSITY = 4.0
@@ -88,51 +89,6 @@ class PairRecord:
 
 
 # -------------------------------------------------------------- measurement
-class ContentionMeter:
-    """How many cores *other* processes used while we measured.
-
-    On a shared machine a two-thread op whose second thread is preempted by
-    someone else's job waits a whole scheduler slice; such a measurement says
-    nothing about the op.  ``/proc/stat`` (all CPUs) minus ``/proc/self/stat``
-    (this process) over the measurement gives the other processes' load, so
-    a measurement taken under load can be retried.  Returns 0 where /proc is
-    missing (not Linux).  ``children=True`` also counts this process's
-    children that ended and were waited for during the measurement as ours
-    (a benchmark that forks one child per measurement)."""
-
-    _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def __init__(self, children: bool = False) -> None:
-        self.children = children
-        self.others_cores = 0.0
-
-    def _jiffies(self) -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                vals = [int(x) for x in f.readline().split()[1:]]
-            with open("/proc/self/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, ValueError, IndexError):
-            return None
-        busy = sum(vals[:8]) - vals[3] - vals[4]  # all but idle and iowait (steal counts: another VM ran)
-        own = int(fields[11]) + int(fields[12])  # utime + stime
-        if self.children:
-            own += int(fields[13]) + int(fields[14])  # cutime + cstime: waited-for children
-        return busy, own
-
-    def __enter__(self) -> ContentionMeter:
-        self._t0, self._j0 = time.perf_counter(), self._jiffies()
-        self.others_cores = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        j1, wall = self._jiffies(), time.perf_counter() - self._t0
-        if self._j0 is None or j1 is None or wall <= 0:
-            return
-        others = (j1[0] - self._j0[0]) - (j1[1] - self._j0[1])
-        self.others_cores = max(0.0, others / self._HZ / wall)
-
-
 def _loop(fn: Callable[[], Any], threads: int, barrier: threading.Barrier, stop: list[float],
           out: list[float], err: list[BaseException]) -> None:
     try:

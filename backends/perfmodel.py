@@ -18,11 +18,9 @@ Public API every consumer relies on:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-
 import numpy as np
 
+from opsched.engine.contracts import RuntimeModel, TimeTable
 from opsched.graph import KIND_INDEX, OP_KINDS, Op, OpGraph
 from opsched.machine import Device, Machine
 
@@ -39,34 +37,6 @@ KIND_SERIAL = {
 }
 
 
-@dataclass(frozen=True)
-class TimeTable:
-    """Predicted op times for one graph on one machine.
-
-    ``times[i, d, l]``: seconds for op ``i`` on device ``d`` at thread level
-    ``levels[d][l]``; ``inf`` where level ``l`` does not exist for device ``d``.
-    """
-
-    times: np.ndarray
-    levels: tuple[tuple[int, ...], ...]
-    device_ids: tuple[str, ...]
-
-    @cached_property
-    def level_index(self) -> tuple[dict[int, int], ...]:
-        return tuple({t: k for k, t in enumerate(lv)} for lv in self.levels)
-
-    def time(self, op_index: int, device_index: int, threads: int) -> float:
-        return float(self.times[op_index, device_index, self.level_index[device_index][threads]])
-
-    def fastest(self) -> np.ndarray:
-        """Each op's fastest time over every device and thread level."""
-        return self.times.min(axis=(1, 2))
-
-    def on(self, device_index: int, threads: int) -> np.ndarray:
-        """Every op's time on one device at one thread count."""
-        return self.times[:, device_index, self.level_index[device_index][threads]]
-
-
 class AnalyticModel:
     """Roofline + Amdahl, from op features and the machine's nominal figures.
 
@@ -77,6 +47,8 @@ class AnalyticModel:
     """
 
     name = "analytic"
+    #: The ops alone: no real runtime's costs (see :class:`~opsched.backends.runtime.PlanningModel`).
+    runtime: RuntimeModel | None = None
 
     def __init__(self, launch_overhead_s: float = 4e-6, sync_overhead_s: float = 1.5e-6,
                  gpu_launch_s: float = 8e-6, single_core_bw_fraction: float = 0.25) -> None:

@@ -46,11 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.interference import ContentionMeter, PairRecord
+from opsched.backends.interference import PairRecord
 from opsched.errors import OpschedError
 from opsched.graph import Op, OpGraph
 from opsched.io import atomic_write_text
 from opsched.machine import Device, Machine
+from opsched.timing import ContentionMeter
 
 PROFILE_FORMAT = "opsched.profile"
 PROFILE_FORMAT_VERSION = 1
@@ -355,7 +356,7 @@ def _torch_source(graph: OpGraph) -> Any:
     if src is None or not all(hasattr(src, a) for a in ("compile_ops", "new_values", "example_inputs")):
         raise ProfileError(
             f"graph {graph.name!r} has no executable PyTorch source to profile; import it with "
-            "opsched.importers.torch_fx.from_torch or opsched.models.load_graph (a graph loaded from JSON "
+            "opsched.importers.torch_fx.from_torch or opsched.specs.load_graph (a graph loaded from JSON "
             "carries no tensors)"
         )
     return src

@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.base import Backend
+from opsched.backends.base import BackendBase
 from opsched.backends.tf_worker import array_to_bytes, bytes_to_array
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
@@ -277,7 +277,7 @@ def _stop_workers(workers: dict[tuple, _WorkerProc]) -> None:
 
 
 # ----------------------------------------------------------------- backend
-class TFBackend(Backend):
+class TFBackend(BackendBase):
     """Run TensorFlow graphs under Plans on real threads, one process per thread setting.
 
     Arguments:
@@ -444,10 +444,11 @@ class TFBackend(Backend):
         placement = {op.id: plan[op.id].device for op in graph.ops}
         return settings, placement, after
 
-    def run(self, graph: OpGraph, plan: Plan) -> Trace:
-        """Execute ``plan`` for real; one event per op from TF's step stats."""
+    def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[np.ndarray] | None = None) -> Trace:
+        """Execute ``plan`` for real (on ``inputs``, default the graph's random
+        inputs); one event per op from TF's step stats."""
         settings, placement, after = self._plan_args(graph, plan)
-        reply, _ = self._call(graph, settings, placement=placement, after=after, warmup=self.warmup,
+        reply, _ = self._call(graph, settings, inputs=inputs, placement=placement, after=after, warmup=self.warmup,
                               repeats=self.repeats, trace_runs=self.trace_runs)
         spans = []
         for raw in reply["traces"]:
@@ -467,17 +468,17 @@ class TFBackend(Backend):
         })
         return Trace(tuple(events), backend=self.name, meta=meta)
 
-    def execute(self, graph: OpGraph, plan: Plan | None = None, inputs: Sequence[np.ndarray] | None = None,
-                settings: TFSettings | None = None) -> list[np.ndarray]:
-        """Run once and return the outputs: under ``plan``'s settings, placement and
-        order if given, else plain TensorFlow at ``settings`` (default: TF's own)."""
-        if plan is None:
-            settings, placement, after = settings or tf_default(), {}, {}
-        else:
-            if settings is not None:
-                raise PlanError("TFBackend.execute: give a plan or settings, not both (a plan sets its own)")
-            settings, placement, after = self._plan_args(graph, plan)
+    def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once under ``plan``'s settings, placement and order and return the outputs."""
+        settings, placement, after = self._plan_args(graph, plan)
         _, outs = self._call(graph, settings, inputs=inputs, placement=placement, after=after,
+                             return_outputs=True)
+        return outs
+
+    def execute_settings(self, graph: OpGraph, settings: TFSettings | None = None,
+                         inputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once as plain TensorFlow at ``settings`` (default: TF's own) and return the outputs."""
+        _, outs = self._call(graph, settings or tf_default(), inputs=inputs, placement={}, after={},
                              return_outputs=True)
         return outs
 

@@ -80,12 +80,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
 import torch
 
-from opsched.backends.base import Backend
+from opsched.backends.base import BackendBase
 from opsched.backends.executor import CompiledPlan, OpFailure, WorkerPool, cpu_core_map, run_serial
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
@@ -119,7 +120,7 @@ def _worker_init() -> None:
     torch.set_grad_enabled(False)
 
 
-class TorchCPUBackend(Backend):
+class TorchCPUBackend(BackendBase):
     """Run imported PyTorch graphs on this machine's CPU under a Plan.
 
     Arguments:
@@ -233,7 +234,7 @@ class TorchCPUBackend(Backend):
         }
         return Trace(events, backend=self.name, meta=meta)
 
-    def execute(self, graph: OpGraph, plan: Plan, *inputs: Any) -> Any:
+    def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
         """Execute ``plan`` on ``inputs`` and return the model's outputs
         (what ``module(*inputs)`` returns)."""
         cp = self.compile(graph, plan)
@@ -304,7 +305,7 @@ def _torch_source(graph: OpGraph) -> Any:
         raise ExecutionError(
             f"graph {graph.name!r} has no PyTorch source to execute "
             f"(source is {type(src).__name__}); import it with opsched.importers.torch_fx.from_torch "
-            "or opsched.models.load_graph('zoo:NAME') - a graph loaded from JSON is not executable"
+            "or opsched.specs.load_graph('zoo:NAME') - a graph loaded from JSON is not executable"
         )
     return src
 

@@ -94,7 +94,7 @@ from typing import Any
 
 import torch
 
-from opsched.backends.base import Backend
+from opsched.backends.base import BackendBase
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -807,7 +807,7 @@ class _Compiled:
         self.lock = threading.Lock()
 
 
-class TorchCUDABackend(Backend):
+class TorchCUDABackend(BackendBase):
     """Run imported PyTorch graphs on CUDA GPUs (and the CPU) under a Plan.
 
     Arguments:
@@ -956,11 +956,11 @@ class TorchCUDABackend(Backend):
         _, timing = self._execute(cp, tuple(src.example_inputs if inputs is None else inputs), timing=True)
         return self._trace(cp, timing)
 
-    def execute(self, graph: OpGraph, plan: Plan, *inputs: Any) -> Any:
+    def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
         """Execute ``plan`` on ``inputs`` and return the model's outputs (each
         on the device of the op that produced it; the devices have finished)."""
         cp = self.compile(graph, plan)
-        values, _ = self._execute(cp, inputs, timing=False)
+        values, _ = self._execute(cp, tuple(inputs), timing=False)
         return cp.graph.source.collect_output(values)
 
     def _events(self, cp: _Compiled, timing: bool) -> tuple[list[Any], list[Any]]:

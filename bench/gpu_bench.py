@@ -148,12 +148,12 @@ def speedup_case(torch: Any, name: str, batch: int, machine: Any, rounds: int, b
     with torch.no_grad(), TorchCUDABackend(machine) as multi, TorchCUDABackend(one) as single:
         plan_n, plan_1 = _cpf_plan(graph, machine), _cpf_plan(graph, one)
         ref = module(*cuda_in)
-        out = multi.execute(graph, plan_n, *cuda_in)
+        out = multi.execute(graph, plan_n, cuda_in)
         rec["outputs_equal_eager"], rec["max_abs_diff"] = _close(torch, out, ref)
         configs = {
             "eager": lambda: module(*cuda_in),
-            "streams-1": lambda: single.execute(graph, plan_1, *cuda_in),
-            "streams-N": lambda: multi.execute(graph, plan_n, *cuda_in),
+            "streams-1": lambda: single.execute(graph, plan_1, cuda_in),
+            "streams-N": lambda: multi.execute(graph, plan_n, cuda_in),
         }
         try:
             configs["eager+graph"] = _capture_eager(torch, module, cuda_in)
@@ -221,7 +221,7 @@ def sim_case(torch: Any, name: str, batch: int, machine: Any, out: Path, traced:
             spans = [be.run(graph, plan, cuda_in).makespan for _ in range(traced)]
             walls = []
             for _ in range(traced):
-                walls.append(_timed(torch, lambda be=be, plan=plan: be.execute(graph, plan, *cuda_in)))
+                walls.append(_timed(torch, lambda be=be, plan=plan: be.execute(graph, plan, cuda_in)))
         measured = _median(spans)
         sim_raw = SimBackend(m, model=raw).run(graph, plan).makespan
         sim_cal = SimBackend(m, model=calibrated).run(graph, plan).makespan
@@ -261,15 +261,15 @@ def multi_gpu_case(torch: Any, name: str, batch: int, machine: Any, rounds: int,
     cuda_in = tuple(x.cuda() for x in inputs)
     times: dict[str, list[float]] = {k: [] for k in plans}
     with TorchCUDABackend(machine) as be:
-        ref = be.execute(graph, plans["single-gpu"], *cuda_in)
+        ref = be.execute(graph, plans["single-gpu"], cuda_in)
         for k, p in plans.items():
-            rec[f"{k}_outputs_equal"] = _close(torch, be.execute(graph, p, *cuda_in), ref)[0]
+            rec[f"{k}_outputs_equal"] = _close(torch, be.execute(graph, p, cuda_in), ref)[0]
             rec[f"{k}_gpus_used"] = sorted({p[op.id].device for op in graph.ops})
             for _ in range(2):
-                _timed(torch, lambda p=p: be.execute(graph, p, *cuda_in))
+                _timed(torch, lambda p=p: be.execute(graph, p, cuda_in))
         for _ in range(rounds):
             for k, p in plans.items():
-                times[k].append(_timed(torch, lambda p=p: be.execute(graph, p, *cuda_in)))
+                times[k].append(_timed(torch, lambda p=p: be.execute(graph, p, cuda_in)))
     rec["ms"] = {k: 1e3 * _median(v) for k, v in times.items()}
     rec["speedup_vs_single_gpu"] = {k: _median([s / x for s, x in zip(times["single-gpu"], v, strict=True)])
                                     for k, v in times.items() if k != "single-gpu"}

@@ -197,8 +197,8 @@ def worker_main(args: argparse.Namespace) -> None:
     torch.set_grad_enabled(False)
     from sim_to_real import load_saved_plans
 
-    from opsched.backends.interference import ContentionMeter
     from opsched.machine import Machine
+    from opsched.timing import ContentionMeter
 
     machine = Machine.probe()
     graphs, plans = load_saved_plans(Path(args.plans), machine)
@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from opsched.backends.torch_cpu import recommended_env
     from opsched.io import atomic_write_text
     from opsched.machine import Machine
-    from opsched.models import load_graph
+    from opsched.specs import load_graph
 
     machine = Machine.probe()
     fitted = FittedModel.from_cache(machine, args.profiles)

@@ -61,7 +61,7 @@ from opsched.backends.profiler import OpProfile, Profile, profile_graph
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_text
 from opsched.machine import Machine
-from opsched.models import load_graph
+from opsched.specs import load_graph
 from opsched.zoo import ZOO
 
 TARGET_MDAPE = 0.10

@@ -107,7 +107,7 @@ def main() -> None:
                       f"{r['decisions']} decisions on {r['slots']} slots", flush=True)
     zoo = []
     if args.zoo:
-        from opsched.models import load_graph
+        from opsched.specs import load_graph
         from opsched.zoo import ZOO
 
         for name in ZOO:

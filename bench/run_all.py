@@ -264,14 +264,14 @@ def real_group(model_name: str, batch: int, args: argparse.Namespace, ctx: dict[
                step: Callable[[str], None]) -> dict[str, Any]:
     """Section 1 for one (model, batch): prepare, start the workers, time them interleaved."""
     from opsched.importers.torch_fx import from_torch
-    from opsched.models import load_model
+    from opsched.specs import load_torch_model
 
     res: dict[str, Any] = {"model": model_name, "batch": batch, "skipped": {}}
     gdir = work / f"{model_name}_b{batch}"
     (gdir / "plans").mkdir(parents=True, exist_ok=True)
     (gdir / "check").mkdir(exist_ok=True)
     step("import")
-    module, inputs = load_model(f"zoo:{model_name}", batch)
+    module, inputs = load_torch_model(f"zoo:{model_name}", batch)
     with _quiet():
         graph = from_torch(module, inputs, name=model_name)
     res["ops"] = len(graph.ops)
@@ -394,36 +394,20 @@ def section_keras(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar:
 
 # ======================================================================= section 2: simulator scale
 def heldout_specs() -> tuple[list[str], str]:
-    try:
-        from opsched.agents.config import DEFAULT_HELDOUT_GRAPHS
+    from opsched.agents.config import DEFAULT_HELDOUT_GRAPHS
 
-        return list(DEFAULT_HELDOUT_GRAPHS), "opsched.agents.config.DEFAULT_HELDOUT_GRAPHS"
-    except Exception as exc:  # training config not importable: the same kind of set, named here
-        return (["zoo:inception@1x0.5", "zoo:transformer@4x0.5", "layered:80:101", "erdos_renyi:80:102",
-                 "watts_strogatz:80:103"], f"built-in list (agents.config did not import: {exc})")
+    return list(DEFAULT_HELDOUT_GRAPHS), "opsched.agents.config.DEFAULT_HELDOUT_GRAPHS"
 
 
 def load_spec(spec: str) -> Any:
-    try:
-        from opsched.agents.config import load_graph_spec
+    from opsched.specs import load_graph
 
-        return load_graph_spec(spec)
-    except ImportError:
-        pass
-    if spec.startswith("zoo:"):
-        from opsched.models import load_graph
-
-        name, _, size = spec[4:].partition("@")
-        b, w = (size.split("x") if size else ("1", "1.0"))
-        return load_graph(f"zoo:{name}", int(b), float(w))
-    from opsched.synthetic import generate
-
-    fam, n, seed = spec.split(":")
-    return generate(fam, int(n), int(seed))
+    return load_graph(spec)
 
 
 def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: Any) -> dict[str, Any]:
-    from opsched.backends.sim import SimBackend, lower_bound
+    from opsched.backends.sim import SimBackend
+    from opsched.engine.sim import lower_bound
     from opsched.machine import get_machine, preset_names
     from opsched.policies import HEURISTICS, get_policy, timed_plan
 
@@ -751,7 +735,7 @@ def fidelity_inhouse(args: argparse.Namespace, ctx: dict[str, Any], out: Path, b
     process per model, interleaved rounds after a warm-up."""
     from opsched.backends.sim import SimBackend
     from opsched.importers.torch_fx import from_torch
-    from opsched.models import load_model
+    from opsched.specs import load_torch_model
 
     machine, model = ctx["machine"], ctx["model"]
     sim = SimBackend(machine, model=model)
@@ -762,7 +746,7 @@ def fidelity_inhouse(args: argparse.Namespace, ctx: dict[str, Any], out: Path, b
         mdir = work / m / "plans"
         mdir.mkdir(parents=True, exist_ok=True)
         try:
-            module, inputs = load_model(f"zoo:{m}", 1)
+            module, inputs = load_torch_model(f"zoo:{m}", 1)
             with _quiet():
                 graph = from_torch(module, inputs, name=m)
             del module
@@ -813,7 +797,7 @@ def profile_missing(models: list[str], batches: list[int], ctx: dict[str, Any], 
     notes = {}
     for m in models:
         for b in sorted(set(batches) | {1}):
-            code = ("from opsched.backends.profiler import profile_graph; from opsched.models import load_graph; "
+            code = ("from opsched.backends.profiler import profile_graph; from opsched.specs import load_graph; "
                     f"profile_graph(load_graph('zoo:{m}', {b}), progress=False)")
             rc, tail = H.run_script(["-c", code], timeout=900, log_path=out / "sub" / f"profile_{m}_b{b}.log",
                                     env=ctx["env"])

@@ -200,17 +200,17 @@ def main() -> None:
     corun = uniform_plan(g, machine, 1, priority=in_order, policy="corun-1t")
     ref = src.run_node_by_node(*inputs)
     for p in (seq, inline, corun):
-        assert torch.allclose(backend.execute(g, p, *inputs), ref), p.policy
+        assert torch.allclose(backend.execute(g, p, inputs), ref), p.policy
     configs = {
         "node-by-node@1": at_threads(1, lambda: src.run_node_by_node(*inputs)),
-        "sequential-1t execute": lambda: backend.execute(g, seq, *inputs),
+        "sequential-1t execute": lambda: backend.execute(g, seq, inputs),
         "sequential-1t run": lambda: backend.run(g, seq, inputs),
-        "sequential-1t execute unpinned": lambda: unpinned.execute(g, seq, *inputs),
+        "sequential-1t execute unpinned": lambda: unpinned.execute(g, seq, inputs),
         "sequential-1t run unpinned": lambda: unpinned.run(g, seq, inputs),
         "node-by-node@all": at_threads(cores, lambda: src.run_node_by_node(*inputs)),
-        "inline-all execute": lambda: backend.execute(g, inline, *inputs),
+        "inline-all execute": lambda: backend.execute(g, inline, inputs),
         "inline-all run": lambda: backend.run(g, inline, inputs),
-        "corun-1t execute": lambda: backend.execute(g, corun, *inputs),
+        "corun-1t execute": lambda: backend.execute(g, corun, inputs),
     }
     baseline_of = {"sequential-1t execute": "node-by-node@1", "sequential-1t run": "node-by-node@1",
                    "sequential-1t execute unpinned": "node-by-node@1",
@@ -231,14 +231,14 @@ def main() -> None:
         zsrc = zg.source
         zseq = chain_plan(zg, machine, 1, "sequential-1t")
         zref = zsrc.run_node_by_node(*zin)
-        zout = backend.execute(zg, zseq, *zin)
+        zout = backend.execute(zg, zseq, zin)
         ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5)
                  for a, b in zip(torch.utils._pytree.tree_leaves(zout), torch.utils._pytree.tree_leaves(zref)))
         zconf = {
             "node-by-node@1": at_threads(1, lambda: zsrc.run_node_by_node(*zin)),
-            "sequential-1t execute": lambda: backend.execute(zg, zseq, *zin),
+            "sequential-1t execute": lambda: backend.execute(zg, zseq, zin),
             "sequential-1t run": lambda: backend.run(zg, zseq, zin),
-            "sequential-1t execute unpinned": lambda: unpinned.execute(zg, zseq, *zin),
+            "sequential-1t execute unpinned": lambda: unpinned.execute(zg, zseq, zin),
         }
         print(f"zoo {args.zoo}: {len(zg.ops)} ops, {args.zoo_rounds} rounds", flush=True)
         ztimes = measure(zconf, args.zoo_rounds, max(2, args.warmup // 3))

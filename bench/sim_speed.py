@@ -25,8 +25,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from opsched.backends import sim  # noqa: E402
 from opsched.backends.sim import SimBackend  # noqa: E402
+from opsched.engine import sim  # noqa: E402
 from opsched.graph import Edge, Op, OpGraph  # noqa: E402
 from opsched.io import atomic_write_text  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402

@@ -234,8 +234,8 @@ def load_saved_plans(folder: Path, machine: Any) -> tuple[dict[str, Any], dict[s
     its graph, rebuilt here, and its plans (``<plan>.json``), each validated
     against that graph on ``machine`` - the fingerprints prove the worker's
     graph is the one the parent planned for."""
-    from opsched.models import load_graph
     from opsched.plan import Plan
+    from opsched.specs import load_graph
 
     graphs, plans = {}, {}
     for d in sorted(folder.iterdir()):
@@ -270,8 +270,8 @@ def worker_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)  # before any op runs: no OpenMP team in the parent of the forks
     torch.set_grad_enabled(False)
-    from opsched.backends.interference import ContentionMeter
     from opsched.machine import Machine
+    from opsched.timing import ContentionMeter
 
     machine = Machine.probe()
     graphs, plans = load_saved_plans(Path(args.plans), machine)
@@ -601,7 +601,7 @@ def collect(models: Sequence[str], machine: Any, fitted: Any, args: argparse.Nam
 
     from opsched.backends.fitted import cold_weight_bytes
     from opsched.backends.sim import SimBackend
-    from opsched.models import load_graph
+    from opsched.specs import load_graph
 
     sim = SimBackend(machine, model=fitted)
     prepared = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opsched.envs.spaces import ActionLayout  # noqa: F401  (re-exported layout helper)
+from opsched.engine.layout import ActionLayout  # noqa: F401  (re-exported layout helper)
 
 ENV_ID = "opsched/Schedule-v0"
 REAL_ENV_ID = "opsched/ScheduleReal-v0"

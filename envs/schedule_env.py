@@ -16,18 +16,30 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.error import ResetNeeded
 
-from opsched.backends.sim import SimState
-from opsched.envs.episode import Episode
-from opsched.envs.features import EpisodeData, observation_space, prepare_episode
-from opsched.envs.spaces import EDGES_PER_NODE, MAX_DEVICES, MAX_LEVELS, ActionLayout
+from opsched.engine.episode import Episode
+from opsched.engine.layout import EDGES_PER_NODE, MAX_DEVICES, MAX_LEVELS, ActionLayout, flatten_obs
+from opsched.engine.observe import EpisodeData, observation_space, prepare_episode
+from opsched.engine.sim import SimState
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Machine, get_machine
 from opsched.plan import Plan, uniform_plan
 from opsched.trace import Trace
 
-GraphSource = OpGraph | Sequence[OpGraph] | Callable[[np.random.Generator], OpGraph]
+GraphSource = OpGraph | str | Sequence[OpGraph | str] | Callable[[np.random.Generator], OpGraph]
 MachineSource = Machine | str | Sequence[Machine | str]
+
+#: Default graphs of a bare ``gym.make(ENV_ID)``: a fresh random DAG per
+#: episode from opsched's synthetic families, 20 to 60 ops (no torch needed).
+DEFAULT_SIZES = (20, 60)
+
+
+def random_graph(rng: np.random.Generator) -> OpGraph:
+    """A random DAG of a random synthetic family with 20-60 ops (the default graphs)."""
+    from opsched.synthetic import FAMILIES, generate
+
+    family = sorted(FAMILIES)[int(rng.integers(len(FAMILIES)))]
+    return generate(family, int(rng.integers(DEFAULT_SIZES[0], DEFAULT_SIZES[1] + 1)), int(rng.integers(2**31)))
 
 
 class InvalidActionError(OpschedError, ValueError):
@@ -74,7 +86,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     ## Description
 
     An episode executes one graph (an :class:`~opsched.graph.OpGraph`) on one
-    machine in the discrete-event simulator (:mod:`opsched.backends.sim`).
+    machine in the discrete-event simulator (:mod:`opsched.engine.sim`).
     It is event driven, as in Decima: the agent is asked to act only at
     decision points, i.e. when some ready op could start now.  Each action
     either starts one ready op (on a device, with a thread count) at the
@@ -104,7 +116,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     ``slot`` is the op's index in the scheduled graph (the coarsened one for a
     graph larger than ``max_nodes``); ``MAX_DEVICES = 8``, ``MAX_LEVELS = 8``
-    (:mod:`opsched.envs.spaces`, whose ``ActionLayout`` encodes and decodes).
+    (:mod:`opsched.engine.layout`, whose ``ActionLayout`` encodes and decodes).
     Thread levels are 1, 2, 4, ... below the device's cores, plus all cores
     (GPUs: 1 stream slot).  :meth:`action_masks` gives the valid actions:
     ready op x device x level whose thread count is free now, and "wait"
@@ -114,8 +126,10 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     ## Observation Space
 
-    A ``Dict`` of ``Box``es, padded to ``N = max_nodes`` op slots and
-    ``E = max_edges`` edges.  Every float lies in [0, 1]; times are divided
+    A ``Dict`` of 1-D ``Box``es, padded to ``N = max_nodes`` op slots and
+    ``E = max_edges`` edges; each key is its logical shape below flattened
+    row-major (``opsched.engine.layout.unflatten_obs`` restores the shapes).  Every float lies in [0, 1] (``node_levels``:
+    [-1, 1]); times are divided
     by the episode's reference (below), so one policy sees graphs of any size
     on machines of any speed.
 
@@ -128,10 +142,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     | ``edge_mask`` | (E,) float32 | 1 for a real edge |
     | ``hardware`` | (8, 8) float32 | per device (rows beyond the machine's devices are 0): ``present``, ``is_gpu``, ``log_cores`` = log2(slots)/7, ``free_frac`` = free slots/slots, ``busy_until`` = (latest predicted end there - now)/reference, ``mem_frac`` = live tensor bytes / memory, ``log_gflops`` = log10(GFLOP/s)/5, ``log_bandwidth`` = log10(GB/s)/4 |
     | ``globals`` | (4,) float32 | ``time`` = now/(now+reference), ``frac_done``, ``frac_ready``, ``log_nodes`` = log2(ops)/10 |
+    | ``node_levels`` | (N, 8) float32 | per op and CPU thread level k: log2(t(1)/t(k))/7, the op's predicted speed-up, clipped to [-1, 1]; 0 for padding and absent levels |
 
-    Columns beyond 1 are clipped to 1.  The column names are the tuples
+    Columns beyond 1 are clipped to 1 (``node_levels``: to [-1, 1]).  The column names are the tuples
     ``STATIC_FEATURES``, ``DYNAMIC_FEATURES``, ``HARDWARE_FEATURES`` and
-    ``GLOBAL_FEATURES`` of :mod:`opsched.envs.spaces`.
+    ``GLOBAL_FEATURES`` of :mod:`opsched.engine.layout`.
 
     ## Rewards
 
@@ -174,22 +189,27 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     every op covered), ``trace`` (the simulated Trace of the scheduled graph),
     ``makespan`` (seconds: simulated, or measured in real mode),
     ``sim_makespan``, ``reference``, ``lower_bound`` (of the original graph,
-    :func:`opsched.backends.sim.lower_bound`) and ``coarsened``; in real mode
+    :func:`opsched.engine.sim.lower_bound`) and ``coarsened``; in real mode
     also ``measured_trace`` and ``measured_op_times`` (op id -> median
     seconds over the repeats, ready to feed a profile).
 
     ## Arguments
 
     ```python
-    gym.make("opsched/Schedule-v0", graphs=[g1, g2], machine="xeon-8180-2s", max_nodes=128)
+    gym.make("opsched/Schedule-v0")                    # random DAGs on this machine
+    gym.make("opsched/Schedule-v0", graphs=["zoo:inception", "layered:60:3"], machine="knl-68")
     ```
 
-    * ``graphs``: an OpGraph, a sequence of them, or a callable taking the
-      env's ``np_random`` and returning one (fresh synthetic graphs).
-    * ``machine``: a Machine, a preset name / YAML path, or a sequence of
-      them; default ``"local"`` (this machine, probed).
+    * ``graphs``: graph spec strings (:mod:`opsched.specs`, the grammar of
+      the command line: ``zoo:NAME[@BxW]``, ``FAMILY:N:SEED``, a ``.json``
+      file ...), OpGraphs, a sequence of either, or a callable taking the env's
+      ``np_random`` and returning an OpGraph.  Default: a fresh random DAG per
+      episode (a synthetic family, 20-60 ops).
+    * ``machine``: a machine spec (``"local"``, a preset, a YAML path,
+      ``cpu:CORES:GFLOPS:GBS``), a Machine, or a sequence of them; default
+      ``"local"`` (this machine, probed).
     * ``max_nodes`` (128): op slots; a larger graph is coarsened
-      (:mod:`opsched.envs.coarsen`) into at most this many groups, never
+      (:mod:`opsched.engine.coarsen`) into at most this many groups, never
       truncated.  ``max_edges`` (default ``4 * max_nodes``): edge slots; the
       coarsening also keeps the group edges within it.
     * ``model``: the performance model (default: the analytic one).
@@ -204,10 +224,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     ## Version History
 
-    * v0: initial version.
+    * v0: initial version; ``node_levels`` is part of the observation, graphs
+      and machines take spec strings, and ``graphs`` defaults to random DAGs.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, graphs: GraphSource | None = None, machine: MachineSource | None = None,
                  max_nodes: int = 128, max_edges: int | None = None, model: Any = None, noise: float = 0.0,
@@ -262,16 +283,20 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     # ---------------------------------------------------------- configuration
     @staticmethod
-    def _graph_source(graphs: GraphSource | None) -> Sequence[OpGraph] | Callable | None:
-        if graphs is None or callable(graphs):
+    def _graph_source(graphs: GraphSource | None) -> Sequence[OpGraph] | Callable:
+        if graphs is None:
+            return random_graph
+        if callable(graphs):
             return graphs
-        if isinstance(graphs, OpGraph):
-            return (graphs,)
+        if isinstance(graphs, (OpGraph, str)):
+            graphs = (graphs,)
         out = tuple(graphs)
-        bad = [type(g).__name__ for g in out if not isinstance(g, OpGraph)]
+        bad = [type(g).__name__ for g in out if not isinstance(g, (OpGraph, str))]
         if not out or bad:
-            raise TypeError(f"ScheduleEnv: graphs must be OpGraphs (got {bad or 'an empty list'})")
-        return out
+            raise TypeError(f"ScheduleEnv: graphs must be OpGraphs or graph spec strings (got {bad or 'an empty list'})")
+        from opsched.specs import load_graph
+
+        return tuple(g if isinstance(g, OpGraph) else load_graph(g) for g in out)
 
     @staticmethod
     def _machine_source(machine: MachineSource | None) -> tuple[Machine, ...]:
@@ -297,9 +322,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         super().reset(seed=seed)
         options = options or {}
         graph = options.get("graph")
+        if isinstance(graph, str):
+            from opsched.specs import load_graph
+
+            graph = load_graph(graph)
         if graph is None:
-            if self._graphs is None:
-                raise ValueError("ScheduleEnv.reset: no graph; pass graphs=... to the env or options={'graph': g}")
             if callable(self._graphs):
                 graph = self._graphs(self.np_random)
             else:
@@ -326,7 +353,14 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             self._reference = ref
         info = {"graph": graph.name, "machine": machine.name, "n_ops": len(graph.ops),
                 "n_slots_used": data.n, "coarsened": not data.coarsening.identity, "reference": self._reference}
-        return self._obs.observe(), info
+        return flatten_obs(self._obs.observe()), info
+
+    @property
+    def episode(self) -> Episode:
+        """The current episode (simulator state, observation builder, decisions so far)."""
+        if self._data is None:
+            raise RuntimeError("ScheduleEnv: call reset() before reading episode")
+        return self._ep
 
     @property
     def episode_data(self) -> EpisodeData:
@@ -370,7 +404,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             info = self._final_info()
             if "measured_makespan" in info:
                 reward = -(info["measured_makespan"] - t_before) / self._reference
-        return self._obs.observe(), float(reward), st.done, False, info
+        return flatten_obs(self._obs.observe()), float(reward), st.done, False, info
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -452,7 +486,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         if hit is not None:
             return hit
         if self._shared_real and self._real.machine is not data.machine:
-            from opsched.backends.sim import cached_fingerprint
+            from opsched.engine.sim import cached_fingerprint
 
             if cached_fingerprint(self._real.machine) != cached_fingerprint(data.machine):
                 raise ValueError(f"ScheduleEnv: the shared {self.backend_name} backend runs plans for machine "

@@ -7,7 +7,11 @@ them, so adding a command never touches another's code.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
+from rich.console import Console
 
 app = typer.Typer(
     name="opsched",
@@ -23,21 +27,40 @@ def _root() -> None:
     """Learn and apply fast schedules for neural-network graphs."""
 
 
-def main() -> None:
-    """Entry point: run the app, turning opsched's own errors into one clear line."""
-    import sys
+def console_for(stderr: bool = False) -> Console:
+    """The console every command prints with: no emoji codes (``:factory`` is a
+    name, not a picture), and in a log file (not a terminal) wide enough that
+    no table is cut to 80 columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 250
+    return Console(stderr=stderr, emoji=False, width=width, highlight=False)
 
-    from rich.console import Console
+
+def progress_option(default: bool | None = None) -> Any:
+    """``--progress/--no-progress``, the same on every command: live progress bars
+    with counts and time left (default: on when stderr is a terminal)."""
+    return typer.Option(default, "--progress/--no-progress",
+                        help="Show progress bars (default: when stderr is a terminal).", show_default=False)
+
+
+def want_progress(flag: bool | None) -> bool:
+    """The ``--progress`` flag's value, ``None`` meaning: is stderr a terminal?"""
+    return sys.stderr.isatty() if flag is None else bool(flag)
+
+
+def main() -> None:
+    """Entry point: run the app, turning opsched's own errors into one clear line (exit code 2)."""
+    from rich.markup import escape
 
     from opsched.errors import OpschedError
 
     try:
         app(standalone_mode=False)
     except OpschedError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {exc}")
+        console_for(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(exc))}")
         sys.exit(2)
     except KeyboardInterrupt:
-        Console(stderr=True).print("[yellow]interrupted[/yellow]")
+        console_for(stderr=True).print("[yellow]interrupted[/yellow]")
         sys.exit(130)
     except SystemExit:
         raise

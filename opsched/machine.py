@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -160,6 +161,14 @@ class Machine:
             return 0.0
         return link.latency_us * 1e-6 + nbytes / (link.bandwidth_gbs * 1e9)
 
+    def cpu_only(self) -> Machine:
+        """This machine without its GPUs (the CPU runtimes run every op on the CPU;
+        their profiles and runtime models are keyed by this machine)."""
+        if not self.gpus:
+            return self
+        return Machine(name=self.name, devices=(self.cpu,), links=(),
+                       description=f"{self.description} (CPU only)", source=self.source)
+
     @property
     def total_cores(self) -> int:
         return sum(d.cores for d in self.devices if not d.is_gpu)
@@ -292,6 +301,14 @@ def _probe_memory_gb() -> float:
 
 
 def _probe_gpus() -> list[tuple[str, float]]:
+    """(name, GiB) of each CUDA device torch sees.  Without NVIDIA's device
+    nodes or driver there can be none, and torch is not imported: probing this
+    machine (the env's default) then stays cheap and torch-free."""
+    import glob
+
+    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.isdir("/proc/driver/nvidia") \
+            and "torch" not in sys.modules:
+        return []
     try:
         import torch
     except ImportError:
@@ -382,14 +399,41 @@ def preset_names() -> list[str]:
     return ["local", *PRESETS]
 
 
+#: The machine spec grammar, for error messages and ``--help``.
+MACHINE_SPECS = ("a preset (" + ", ".join(["local", *PRESETS]) + "), a machine YAML file, or "
+                 "cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS] (a CPU-only machine)")
+
+
 def get_machine(spec: str | Machine | None = None) -> Machine:
-    """A preset name, ``"local"`` (probe), or a path to a YAML file."""
+    """The machine a spec names: ``"local"`` (this machine, probed; the
+    default), a preset name, a YAML file, or ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``
+    (a CPU-only machine, e.g. for training on many core counts)."""
     if isinstance(spec, Machine):
         return spec
     if spec in (None, "local", "probe"):
         return Machine.probe()
+    if not isinstance(spec, str) or not spec.strip():
+        raise MachineError(f"a machine spec is a string, got {spec!r}; {MACHINE_SPECS}")
     if spec in PRESETS:
         return PRESETS[spec]
+    if spec.startswith("cpu:"):
+        return _cpu_machine(spec)
     if spec.endswith((".yml", ".yaml")) or Path(spec).exists():
         return Machine.from_yaml(spec)
-    raise MachineError(f"unknown machine {spec!r}; presets: {', '.join(preset_names())}, or a YAML file path")
+    raise MachineError(f"unknown machine {spec!r}; {MACHINE_SPECS}")
+
+
+def _cpu_machine(spec: str) -> Machine:
+    """``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``."""
+    parts = spec.split(":")[1:]
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError(spec)
+        cores, sockets = int(parts[0]), int(parts[3]) if len(parts) == 4 else 1
+        device = Device(id="cpu", kind="cpu", cores=cores, gflops=float(parts[1]), mem_bandwidth_gbs=float(parts[2]),
+                        memory_gb=64.0, sockets=sockets, name=f"{cores}-core {sockets}-socket CPU")
+    except (ValueError, TypeError) as exc:
+        raise MachineError(f"machine spec {spec!r}: expected cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS] "
+                           f"with whole numbers of cores and sockets ({exc})") from None
+    return Machine(name=spec.replace(":", "-"), devices=(device,), description="CPU-only machine",
+                   source="opsched.machine cpu: spec")

@@ -1,158 +1,159 @@
-"""``opsched.apply(policy, module, example_inputs) -> ScheduledModule`` (defined here,
-re-exported lazily by ``opsched/__init__.py`` so ``import opsched`` stays torch-free).
+"""``opsched.apply(policy, model, example_inputs)``: a model that runs under a schedule.
 
-Runs a PyTorch model under a schedule at inference time: the module is
-imported into an OpGraph (torch.fx), the policy plans it for this machine --
-with the fitted performance model when profiles of this machine are cached,
-else the analytic one -- and the returned :class:`ScheduledModule` is an
-``nn.Module`` whose ``forward`` executes that Plan on the real PyTorch CPU
-runtime (:class:`~opsched.backends.torch_cpu.TorchCPUBackend`).
+The model is imported into an OpGraph, the policy plans it for this machine
+with the planning model (:func:`opsched.planning.planning_model`: the fitted
+performance model plus the runtime's model when ``opsched profile`` made
+them, else the analytic one), and the returned object runs that Plan on a
+real runtime: a :class:`ScheduledModule` (an ``nn.Module``) on the PyTorch
+CPU runtime for a torch module, a :class:`ScheduledKeras` on the TensorFlow
+runtime for a Keras model.
 
 Correctness comes first.  The scheduled path is checked once against eager
-execution on the example inputs, and every call checks that its inputs have
-the shapes, dtypes and devices the Plan was made for.  Whenever the policy
-cannot plan (graph too large after coarsening, a policy file in the wrong
-format, a machine it was not trained for), the model cannot be traced, the
-check fails, or a call's inputs differ from the planned ones, the module says
-so with a :class:`ScheduleFallbackWarning` and runs eagerly: slower, never
-wrong.  Plans are cached by (policy, graph fingerprint, machine fingerprint,
-performance model), so applying the same model twice plans once.
+execution on the example inputs (:func:`outputs_equal`, the one output check
+of opsched), and every call checks that its inputs have the shapes and dtypes
+the Plan was made for.  Whenever the policy cannot plan, the model cannot be
+imported, the check fails or a call's inputs differ, the result says so with
+a :class:`ScheduleFallbackWarning` and runs eagerly: slower, never wrong.
 
 The scheduled path is inference only: it runs under ``torch.no_grad`` and its
 outputs carry no autograd graph (a call whose inputs require grad, or a module
-in training mode, runs eagerly).
+in training mode, runs eagerly).  ``policy=None`` means the policy shipped
+with opsched (``opsched.policies.exported.pretrained_path()``).
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from opsched.engine.contracts import PerfModel
 from opsched.errors import OpschedError, PolicyError
 from opsched.graph import OpGraph
 from opsched.machine import Machine, get_machine
 from opsched.plan import Plan
+from opsched.planning import plan_cached, planning_model, resolve_policy
 from opsched.policies.base import Policy
-from opsched.policies.exported import pretrained_path
 
-#: Output tolerance of the one-time check against eager (thread counts change
+#: Output tolerance of the check against eager for PyTorch (thread counts change
 #: float summation order; the runtime's own tests use the same bounds).
 RTOL, ATOL = 1e-4, 1e-5
+#: TensorFlow's graph runtime (Grappler's remapper fuses ops, oneDNN picks other
+#: kernels) sums in another order than eager Keras: float32 round-off, not errors.
+TF_RTOL, TF_ATOL = 1e-3, 1e-5
+#: ``backend=`` choices of :func:`apply`.
+BACKENDS = ("auto", "torch-cpu", "tf")
 
-_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
-_PLANS_MAX = 64
-_BACKENDS: dict[str, Any] = {}
+_BACKENDS: dict[tuple[str, str], Any] = {}
 _LOCK = threading.Lock()
 
 
 class ScheduleFallbackWarning(UserWarning):
-    """The scheduled path is not used (the message says why); the module runs eagerly."""
+    """The scheduled path is not used (the message says why); the model runs eagerly."""
 
 
-def resolve_policy(policy: Policy | str | Path | None) -> Policy:
-    """A Policy object as is; ``None`` the pretrained policy; a string a
-    registered heuristic name (``"critical-path-first"``) or an exported
-    policy's path."""
-    from opsched.policies import get_policy, load
-
-    if policy is None:
-        return load(pretrained_path())
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, Path):
-        return load(policy)
-    return get_policy(str(policy))
-
-
-def performance_model(machine: Machine) -> Any:
-    """The fitted model when this machine has cached profiles (``opsched
-    profile``), else the analytic one."""
-    try:
-        from opsched.backends.fitted import fitted_or_analytic
-    except ImportError:
-        from opsched.backends.perfmodel import default_model
-
-        return default_model()
-    return fitted_or_analytic(machine)
-
-
-def policy_key(policy: Policy) -> str:
-    """What identifies a policy's decisions in the plan cache."""
-    digest = getattr(policy, "digest", None)
-    return f"{policy.name}:{digest}" if digest else policy.name
-
-
-def plan_cached(policy: Policy, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
-    """``policy.plan(graph, machine, model)``, cached by policy, graph and
-    machine fingerprint and the model's type."""
-    key = (policy_key(policy), graph.fingerprint(), machine.fingerprint(), type(model).__name__)
-    with _LOCK:
-        hit = _PLANS.get(key)
-        if hit is not None:
-            _PLANS.move_to_end(key)
-            return hit
-    plan = policy.plan(graph, machine, model)
-    with _LOCK:
-        _PLANS[key] = plan
-        while len(_PLANS) > _PLANS_MAX:
-            _PLANS.popitem(last=False)
-    return plan
-
-
-def shared_backend(machine: Machine) -> Any:
-    """One TorchCPUBackend per machine for every ScheduledModule (one worker
-    pool, not one per model; concurrent runs queue up)."""
-    from opsched.backends.torch_cpu import TorchCPUBackend
-
-    fp = machine.fingerprint()
-    with _LOCK:
-        be = _BACKENDS.get(fp)
-        if be is None:
-            be = _BACKENDS[fp] = TorchCPUBackend(machine)
-        return be
-
-
-def cpu_only(machine: Machine) -> Machine:
-    """``machine`` without its GPUs: the PyTorch CPU runtime runs every op on the CPU."""
-    if not machine.gpus:
-        return machine
-    return Machine(name=machine.name, devices=(machine.cpu,), links=(),
-                   description=f"{machine.description} (CPU only: the torch-cpu runtime)", source=machine.source)
+# ------------------------------------------------------------------ checks
+def outputs_equal(got: Any, want: Any, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    """Same structure, and every tensor or array of the same shape and dtype and allclose."""
+    if isinstance(got, torch.Tensor) or isinstance(want, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape
+                and got.dtype == want.dtype and bool(torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)))
+    if isinstance(got, np.ndarray) or isinstance(want, np.ndarray):
+        got, want = np.asarray(got), np.asarray(want)
+        return got.shape == want.shape and got.dtype == want.dtype and bool(
+            np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
+    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(outputs_equal(x, y, rtol, atol) for x, y in zip(got, want))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(outputs_equal(got[k], want[k], rtol, atol) for k in got)
+    return got == want
 
 
 def _signature(x: Any) -> tuple:
     if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), x.dtype, x.device.type, x.layout)
+        return ("tensor", tuple(x.shape), str(x.dtype).removeprefix("torch."), x.device.type)
+    if isinstance(x, np.ndarray):
+        return ("array", tuple(x.shape), str(x.dtype), "cpu")
     return ("value", type(x).__name__, repr(x))
 
 
-def outputs_close(a: Any, b: Any, rtol: float = RTOL, atol: float = ATOL) -> bool:
-    """Same structure, and every tensor of the same shape and dtype and allclose."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(outputs_close(x, y, rtol, atol) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(outputs_close(a[k], b[k], rtol, atol) for k in a)
-    return a == b
+def _describe(sig: tuple) -> str:
+    return "(" + ", ".join(f"{s[2]}{list(s[1])}@{s[3]}" if s[0] != "value" else f"{s[1]} {s[2]}"
+                           for s in sig) + ")"
 
 
-class ScheduledModule(nn.Module):
-    """``module`` whose ``forward`` runs a Plan on the PyTorch CPU runtime.
+# ---------------------------------------------------------------- backends
+def shared_backend(name: str, machine: Machine) -> Any:
+    """One backend per (runtime, machine) for every scheduled model of the process
+    (one worker pool, not one per model; closed at exit)."""
+    key = (name, machine.fingerprint())
+    with _LOCK:
+        be = _BACKENDS.get(key)
+        if be is None:
+            from opsched.backends.registry import get_backend
 
-    Attributes: ``module`` (the wrapped module), ``graph``, ``plan``,
-    ``machine``, ``policy`` and ``fallback_reason`` (None while the scheduled
-    path is in use; else why every call runs eagerly).  Build with
-    :func:`apply`.
-    """
+            be = _BACKENDS[key] = get_backend(name, machine)
+            atexit.register(be.close)
+        return be
+
+
+def resolve_backend(choice: str, framework: str, what: str = "the model") -> str:
+    """The runtime ``backend=choice`` means for a model of ``framework`` ("torch" or "keras")."""
+    if choice not in BACKENDS:
+        raise OpschedError(f"unknown backend {choice!r}; choose from {', '.join(BACKENDS)}")
+    if choice == "auto":
+        return "tf" if framework == "keras" else "torch-cpu"
+    if choice == "tf" and framework != "keras":
+        raise OpschedError(f"backend tf runs Keras models, but {what} is a PyTorch model; use torch-cpu (or auto)")
+    if choice == "torch-cpu" and framework != "torch":
+        raise OpschedError(f"backend torch-cpu runs PyTorch modules, but {what} is a Keras model; use tf (or auto)")
+    return choice
+
+
+# ----------------------------------------------------------- scheduled models
+class _Scheduled:
+    """What every scheduled model holds: its graph, plan, machine, policy, backend,
+    and why it runs eagerly (``fallback_reason``; None while scheduled)."""
+
+    graph: OpGraph | None
+    plan: Plan | None
+    #: Seconds the policy took to plan (None: a saved plan, or no plan).
+    plan_s: float | None = None
+    machine: Machine
+    policy: Policy | None
+    backend: Any
+    fallback_reason: str | None
+    _signature: tuple
+    _warned: set[str]
+
+    @property
+    def scheduled(self) -> bool:
+        """True while calls with the planned inputs run the Plan."""
+        return self.fallback_reason is None
+
+    def _warn_once(self, reason: str, what: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"opsched.apply: {reason}; running {what} eagerly", ScheduleFallbackWarning, stacklevel=4)
+
+    def _why_inputs(self, args: Sequence[Any]) -> str | None:
+        sig = tuple(_signature(x) for x in args)
+        if sig != self._signature:
+            return (f"the inputs {_describe(sig)} differ from the planned {_describe(self._signature)} "
+                    "(apply again with example inputs of the new shape)")
+        return None
+
+
+class ScheduledModule(nn.Module, _Scheduled):
+    """``module`` whose ``forward`` runs a Plan on the PyTorch CPU runtime."""
 
     def __init__(self, module: nn.Module, example_inputs: tuple, *, graph: OpGraph | None, plan: Plan | None,
                  machine: Machine, policy: Policy | None, backend: Any, fallback_reason: str | None) -> None:
@@ -162,18 +163,7 @@ class ScheduledModule(nn.Module):
         self.backend = backend
         self.fallback_reason = fallback_reason
         self._signature = tuple(_signature(x) for x in example_inputs)
-        self._warned: set[str] = set()
-
-    @property
-    def scheduled(self) -> bool:
-        """True while calls with the planned inputs run the Plan."""
-        return self.fallback_reason is None
-
-    def _warn_once(self, reason: str) -> None:
-        if reason not in self._warned:
-            self._warned.add(reason)
-            warnings.warn(f"opsched.apply: {reason}; running {type(self.module).__name__} eagerly",
-                          ScheduleFallbackWarning, stacklevel=3)
+        self._warned = set()
 
     def why_eager(self, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
         """Why this call cannot take the scheduled path, or None."""
@@ -183,21 +173,26 @@ class ScheduledModule(nn.Module):
             return f"keyword arguments ({', '.join(kwargs)}) were not part of the planned call"
         if self.module.training:
             return "the module is in training mode (the Plan was made for eval mode)"
-        sig = tuple(_signature(x) for x in args)
-        if sig != self._signature:
-            return (f"the inputs {_describe(sig)} differ from the planned {_describe(self._signature)} "
-                    "(apply again with example inputs of the new shape)")
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in args):
-            return "an input requires grad (the scheduled path is inference only)"
-        return None
+        why = self._why_inputs(args)
+        if why is None and torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                           for x in args):
+            why = "an input requires grad (the scheduled path is inference only)"
+        return why
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         why = self.why_eager(args, kwargs)
         if why is not None:
             if why is not self.fallback_reason:
-                self._warn_once(why)
+                self._warn_once(why, type(self.module).__name__)
             return self.module(*args, **kwargs)
-        return self.backend.execute(self.graph, self.plan, *args)
+        return self.backend.execute(self.graph, self.plan, args)
+
+    def time_call(self, *inputs: Any) -> float:
+        """Wall seconds of one inference (under ``torch.no_grad``)."""
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            self(*inputs)
+            return time.perf_counter() - t0
 
     def extra_repr(self) -> str:
         if self.plan is None:
@@ -206,74 +201,199 @@ class ScheduledModule(nn.Module):
                 + ("" if self.scheduled else f", eager (fallback: {self.fallback_reason})"))
 
 
-def _describe(sig: tuple) -> str:
-    parts = []
-    for s in sig:
-        if s[0] == "tensor":
-            parts.append(f"{str(s[2]).removeprefix('torch.')}{list(s[1])}@{s[3]}")
-        else:
-            parts.append(f"{s[1]} {s[2]}")
-    return "(" + ", ".join(parts) + ")"
+class ScheduledKeras(_Scheduled):
+    """A Keras model whose calls run a Plan on the TensorFlow runtime
+    (:mod:`opsched.backends.tf_cpu`); called with numpy arrays (one per model
+    input), it returns the model's outputs as a list of numpy arrays (flattened
+    as ``tf.nest.flatten`` orders them)."""
+
+    def __init__(self, model: Any, example_inputs: tuple, *, graph: OpGraph | None, plan: Plan | None,
+                 machine: Machine, policy: Policy | None, backend: Any, fallback_reason: str | None) -> None:
+        self.model = model
+        self.graph, self.plan, self.machine, self.policy = graph, plan, machine, policy
+        self.backend = backend
+        self.fallback_reason = fallback_reason
+        self.example_inputs = example_inputs
+        self._signature = tuple(_signature(x) for x in example_inputs)
+        self._warned = set()
+
+    def eager(self, *feeds: np.ndarray) -> list[np.ndarray]:
+        """The Keras model called eagerly (``training=False``), outputs flattened."""
+        return keras_eager(self.model, feeds)
+
+    def __call__(self, *feeds: np.ndarray) -> list[np.ndarray]:
+        why = self.fallback_reason or self._why_inputs(feeds)
+        if why is not None:
+            if why is not self.fallback_reason:
+                self._warn_once(why, type(self.model).__name__)
+            return self.eager(*feeds)
+        return self.backend.execute(self.graph, self.plan, list(feeds))
+
+    def time_call(self, *feeds: np.ndarray) -> float:
+        """Seconds of one inference, timed inside the TensorFlow worker around the
+        session call (no inter-process transfer counted), or eagerly on fallback."""
+        if self.fallback_reason is not None or self._why_inputs(feeds) is not None:
+            t0 = time.perf_counter()
+            self(*feeds)
+            return time.perf_counter() - t0
+        return self.backend.time_plan(self.graph, self.plan, repeats=1, warmup=0, inputs=list(feeds))[0]
 
 
-def apply(policy: Policy | str | Path | None, module: nn.Module, example_inputs: Any, *,
-          machine: Machine | str | None = None, model: Any = None, verify: bool = True) -> ScheduledModule:
-    """Plan ``module`` with ``policy`` and return a :class:`ScheduledModule`.
+def keras_eager(model: Any, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A Keras model called eagerly, its outputs flattened as the importer fetches them."""
+    import tensorflow as tf
 
-    ``policy``: an exported policy's folder, a Policy object, a heuristic's
-    name, or None for the shipped pretrained policy.  ``example_inputs``: a
-    tensor or a tuple of them, with the shapes later calls will use.
-    ``machine``: this machine by default (probed; the runtime executes here).
-    ``model``: the performance model to plan with (default: fitted from
-    cached profiles, else analytic).  ``verify``: run the Plan once on the
-    example inputs and compare with eager execution.
+    out = model(feeds[0] if len(feeds) == 1 else list(feeds), training=False)
+    return [np.asarray(t) for t in tf.nest.flatten(out)]
+
+
+def _is_keras(model: Any) -> bool:
+    from opsched.specs import _is_keras as is_keras
+
+    return is_keras(model)
+
+
+# -------------------------------------------------------------------- apply
+def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = None, *, backend: str = "auto",
+          machine: Machine | str | None = None, perf_model: PerfModel | str = "auto", plan: Plan | None = None,
+          verify: bool = True, runtime: Any = None, batch: int = 1) -> ScheduledModule | ScheduledKeras:
+    """Plan ``model`` with ``policy`` and return it scheduled (see the module docstring).
+
+    ``policy``: an exported policy's folder, a Policy, a heuristic's name, or
+    None for the shipped policy.  ``model``: an ``nn.Module`` (in eval mode)
+    or a built Keras model.  ``example_inputs``: a tensor or a tuple of them
+    (numpy arrays for Keras; default: the importer's random inputs), with the
+    shapes later calls will use.  ``backend``: ``auto`` (the model's
+    framework's runtime), ``torch-cpu`` or ``tf``.  ``machine``: this machine
+    by default (probed; the runtime executes here).  ``perf_model``: ``auto``,
+    ``analytic``, ``fitted`` or a performance model object.  ``plan``: run
+    this saved Plan instead of planning.  ``verify``: run the Plan once on the
+    example inputs and compare with eager execution.  ``runtime``: an open
+    backend to run on (default: one shared per process).  ``batch``: the batch
+    size a Keras model is planned for when no example inputs are given.
 
     Never raises for a model it cannot schedule: the result then runs eagerly
     and a :class:`ScheduleFallbackWarning` says why (errors in the arguments
-    themselves -- not a module, an unknown machine -- still raise)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"opsched.apply: expected a torch.nn.Module, got {type(module).__name__}")
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    machine = get_machine(machine if machine is not None else "local")
+    themselves -- not a model, an unknown machine or backend, a saved ``plan``
+    made for another graph or machine -- still raise)."""
+    keras = _is_keras(model)
+    if not keras and not isinstance(model, nn.Module):
+        raise TypeError(f"opsched.apply: expected a torch.nn.Module or a Keras model, got {type(model).__name__}")
+    name = resolve_backend(backend, "keras" if keras else "torch", type(model).__name__)
+    machine = (runtime.machine if runtime is not None else get_machine(machine or "local")).cpu_only()
+    if keras:
+        return _apply_keras(policy, model, example_inputs, name, machine, perf_model, plan, verify, runtime, batch)
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs or ())
     pol: Policy | None = None
 
     def fallback(reason: str, graph: OpGraph | None = None, plan: Plan | None = None) -> ScheduledModule:
-        warnings.warn(f"opsched.apply: {reason}; running {type(module).__name__} eagerly",
+        warnings.warn(f"opsched.apply: {reason}; running {type(model).__name__} eagerly",
                       ScheduleFallbackWarning, stacklevel=3)
-        return ScheduledModule(module, inputs, graph=graph, plan=plan, machine=machine, policy=pol,
+        return ScheduledModule(model, inputs, graph=graph, plan=plan, machine=machine, policy=pol,
                                backend=None, fallback_reason=reason)
 
     try:
-        pol = resolve_policy(policy)
+        pol = _resolve(policy, plan)
     except PolicyError as exc:
         return fallback(f"cannot use the policy: {exc}")
-    if module.training:
+    if model.training:
         return fallback("the module is in training mode; call module.eval() before opsched.apply")
-    machine = cpu_only(machine)
     from opsched.importers.torch_fx import from_torch
 
     try:
-        graph = from_torch(module, inputs, name=type(module).__name__)
+        graph = from_torch(model, inputs, name=type(model).__name__)
     except OpschedError as exc:
+        if plan is not None:
+            raise
         return fallback(f"cannot import the model: {exc}")
-    model = performance_model(machine) if model is None else model
+    if plan is not None:
+        plan.validate(graph, machine)
     try:
-        plan = plan_cached(pol, graph, machine, model)
+        plan, plan_s = _plan(pol, plan, graph, machine, name, perf_model)
     except (OpschedError, ValueError) as exc:
         return fallback(f"the policy cannot plan this graph: {exc}", graph)
-    backend = shared_backend(machine)
+    be = runtime if runtime is not None else shared_backend(name, machine)
     if verify:
         try:
             with torch.no_grad():
-                ref = module(*inputs)
-                out = backend.execute(graph, plan, *inputs)
+                same = outputs_equal(be.execute(graph, plan, inputs), model(*inputs))
         except OpschedError as exc:
             return fallback(f"the scheduled run failed: {exc}", graph, plan)
-        if not outputs_close(out, ref):
+        if not same:
             return fallback("the scheduled run's outputs differ from eager execution", graph, plan)
-    return ScheduledModule(module, inputs, graph=graph, plan=plan, machine=machine, policy=pol,
-                           backend=backend, fallback_reason=None)
+    out = ScheduledModule(model, inputs, graph=graph, plan=plan, machine=machine, policy=pol, backend=be,
+                          fallback_reason=None)
+    out.plan_s = plan_s
+    return out
 
 
-__all__ = ["ScheduleFallbackWarning", "ScheduledModule", "apply", "cpu_only", "outputs_close", "performance_model",
-           "plan_cached", "pretrained_path", "resolve_policy"]
+def _plan(pol: Policy | None, plan: Plan | None, graph: OpGraph, machine: Machine, backend: str,
+          perf_model: PerfModel | str) -> tuple[Plan, float | None]:
+    """The policy's Plan and the seconds planning took; a given saved Plan is
+    validated (a plan for another graph or machine raises :class:`PlanError`:
+    an argument error, not a reason to fall back)."""
+    if plan is not None:
+        plan.validate(graph, machine)
+        return plan, None
+    model = planning_model(machine, backend, perf_model) if isinstance(perf_model, str) else perf_model
+    t0 = time.perf_counter()
+    out = plan_cached(pol, graph, machine, model)
+    seconds = time.perf_counter() - t0
+    out.validate(graph, machine)
+    return out, seconds
+
+
+def _resolve(policy: Any, plan: Plan | None) -> Policy | None:
+    return None if plan is not None else resolve_policy(policy)
+
+
+def _apply_keras(policy: Any, model: Any, example_inputs: Any, backend: str, machine: Machine,
+                 perf_model: PerfModel | str, plan: Plan | None, verify: bool, runtime: Any,
+                 batch: int) -> ScheduledKeras:
+    from opsched.importers.tf_graph import from_keras
+
+    pol: Policy | None = None
+    feeds: tuple = ()
+
+    def fallback(reason: str, graph: OpGraph | None = None, plan: Plan | None = None) -> ScheduledKeras:
+        warnings.warn(f"opsched.apply: {reason}; running {type(model).__name__} eagerly",
+                      ScheduleFallbackWarning, stacklevel=4)
+        return ScheduledKeras(model, feeds, graph=graph, plan=plan, machine=machine, policy=pol, backend=None,
+                              fallback_reason=reason)
+
+    given = None if example_inputs is None else (
+        tuple(np.asarray(a) for a in example_inputs) if isinstance(example_inputs, (list, tuple))
+        else (np.asarray(example_inputs),))
+    try:
+        pol = _resolve(policy, plan)
+    except PolicyError as exc:
+        return fallback(f"cannot use the policy: {exc}")
+    try:
+        graph = from_keras(model, batch=int(given[0].shape[0]) if given else batch, name=type(model).__name__)
+    except OpschedError as exc:
+        if plan is not None:
+            raise
+        return fallback(f"cannot import the model: {exc}")
+    feeds = given if given is not None else tuple(graph.source.random_inputs(0))
+    if plan is not None:
+        plan.validate(graph, machine)
+    try:
+        plan, plan_s = _plan(pol, plan, graph, machine, backend, perf_model)
+    except (OpschedError, ValueError) as exc:
+        return fallback(f"the policy cannot plan this graph: {exc}", graph)
+    be = runtime if runtime is not None else shared_backend(backend, machine)
+    if verify:
+        try:
+            same = outputs_equal(be.execute(graph, plan, list(feeds)), keras_eager(model, feeds), TF_RTOL, TF_ATOL)
+        except OpschedError as exc:
+            return fallback(f"the scheduled run failed: {exc}", graph, plan)
+        if not same:
+            return fallback("the scheduled run's outputs differ from eager execution", graph, plan)
+    out = ScheduledKeras(model, feeds, graph=graph, plan=plan, machine=machine, policy=pol, backend=be,
+                         fallback_reason=None)
+    out.plan_s = plan_s
+    return out
+
+
+__all__ = ["BACKENDS", "ScheduleFallbackWarning", "ScheduledKeras", "ScheduledModule", "apply", "keras_eager",
+           "outputs_equal", "resolve_backend", "shared_backend"]

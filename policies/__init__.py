@@ -9,8 +9,9 @@ them the same way::
     from opsched.policies import get_policy
     plan = get_policy("critical-path-first").plan(graph, machine)
 
-``"all"`` expands to every heuristic (:data:`HEURISTICS`); ``search`` is left
-out of ``all`` because it spends a trial budget of simulations per graph.
+``"all"`` expands to every heuristic (:data:`HEURISTICS`) and ``learned``, the
+policy shipped with opsched; ``search`` is left out of ``all`` because it
+spends a trial budget of simulations per graph.
 """
 
 from __future__ import annotations
@@ -37,18 +38,25 @@ POLICIES: dict[str, str] = {
 HEURISTICS: tuple[str, ...] = (
     "sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro", "random",
 )
-ALIASES: dict[str, str] = {"cpf": "critical-path-first", "graphi": "critical-path-first", "eager": "sequential"}
+ALIASES: dict[str, str] = {"cpf": "critical-path-first", "graphi": "critical-path-first", "eager": "sequential",
+                           "pretrained": "learned"}
+#: The name of the exported policy shipped with opsched (``policies/pretrained``).
+LEARNED = "learned"
 
 
 def get_policy(name: str, **kwargs: Any) -> Policy:
     """The policy called ``name`` (keyword arguments go to its constructor), or
     an exported learned policy when ``name`` is a path that exists."""
     key = ALIASES.get(name, name)
+    if key == LEARNED:
+        from opsched.policies.exported import pretrained_path
+
+        return load(pretrained_path())
     if key not in POLICIES:
         if name and Path(name).exists():
             return load(name)
         raise PolicyError(
-            f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, 'all', "
+            f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, {LEARNED}, 'all', "
             "or the path of an exported policy"
         )
     module, _, cls = POLICIES[key].partition(":")
@@ -61,7 +69,7 @@ def expand_names(spec: str) -> list[str]:
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        for name in HEURISTICS if part == "all" else (ALIASES.get(part, part),):
+        for name in (*HEURISTICS, LEARNED) if part == "all" else (ALIASES.get(part, part),):
             if name not in out:
                 out.append(name)
     if not out:

@@ -21,9 +21,9 @@ object -- raises :class:`~opsched.errors.PolicyError` naming the file and the
 problem.
 
 Planning (:meth:`ExportedPolicy.plan`) runs the environment's decision loop
-without gymnasium: the simulator engine (:class:`~opsched.backends.sim.SimState`)
+without gymnasium: the simulator engine (:class:`~opsched.engine.sim.SimState`)
 and the environment's own observation builder
-(:mod:`opsched.envs.features`) produce each state, the numpy encoder
+(:mod:`opsched.engine.observe`) produce each state, the numpy encoder
 (:mod:`opsched.policies.numpy_encoder`) scores the valid actions, the best one
 is taken, and the decisions are recorded as a Plan exactly as
 ``ScheduleEnv`` records an episode (priority = dispatch order; an op started
@@ -37,7 +37,6 @@ import contextlib
 import hashlib
 import json
 import math
-import types
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.envs.spaces import (
+from opsched.engine.layout import (
     DYNAMIC_FEATURES,
     EDGES_PER_NODE,
     GLOBAL_FEATURES,
@@ -56,13 +55,14 @@ from opsched.envs.spaces import (
     STATIC_FEATURES,
     ActionLayout,
 )
+from opsched.engine.observe import check_machine, prepare_episode
 from opsched.errors import GraphError, MachineError, PolicyError
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy
-from opsched.policies.numpy_encoder import PER_SLOT, NumpyEncoder, array_shapes, greedy
+from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
 
 POLICY_FORMAT = "opsched.policy"
 FORMAT_VERSION = 1
@@ -77,14 +77,14 @@ _DTYPES = ("<f4", "<f8")
 
 THREAD_LEVELS_DOC = ("Device.thread_levels(): 1, 2, 4, ... below the device's cores, then all cores "
                      "(at most MAX_LEVELS); a GPU has one level, 1 stream slot")
-NORMALIZATION_DOC = ("every column lies in [0, 1], computed by opsched.envs.features as documented in "
-                     "opsched.envs.spaces: times divided by the graph's sequential makespan on all CPU cores "
+NORMALIZATION_DOC = ("every column lies in [0, 1], computed by opsched.engine.observe as documented in "
+                     "opsched.engine.layout: times divided by the graph's sequential makespan on all CPU cores "
                      "(the reference), log-scaled FLOPs/bytes/cores/GFLOPS/bandwidth, fractions of slots "
                      "and ops; padding slots and absent devices are 0")
 
 
 LEVELS_DOC = (f"{LEVEL_KEY}: per op and CPU thread level k, log2(t(1) / t(k)) / 7 clipped to [-1, 1] from the "
-              "performance model (opsched.envs.features.level_features); 0 for padding and absent levels; "
+              "performance model (opsched.engine.observe.level_features); 0 for padding and absent levels; "
               "its columns follow node_static and node_dynamic in the input layer")
 
 
@@ -328,13 +328,6 @@ def _read_arrays(w: Path, spec: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------- the policy
-def _features() -> types.ModuleType:
-    """``opsched.envs.features``, imported on first use (it needs no gymnasium)."""
-    from opsched.envs import features
-
-    return features
-
-
 _BLAS: Any = None
 
 
@@ -387,7 +380,7 @@ class ExportedPolicy(Policy):
             raise PolicyError(f"{where}: graph {graph.name!r} has {n} ops; this policy plans at most "
                               f"{self.max_graph_ops} (max_nodes={self.max_nodes} after coarsening)")
         try:
-            _features().check_machine(machine)
+            check_machine(machine)
         except MachineError as exc:
             raise PolicyError(f"{where}: cannot plan for this machine: {exc}") from None
         if machine.gpus and not self.gpus:
@@ -399,53 +392,31 @@ class ExportedPolicy(Policy):
         (in the simulator with ``model``, default the analytic one) and return
         the decisions as a Plan for the original graph."""
         self.check(graph, machine)
-        features = _features()
         try:
-            data = features.prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
+            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
         with _one_blas_thread():
-            return _Episode(self, features, data).run()
+            return _greedy_episode(self, data)
 
 
-class _Episode:
-    """One greedy episode: ScheduleEnv's decision loop (:class:`~opsched.envs.episode.Episode`),
-    each choice the encoder's best-scored valid action."""
+def _greedy_episode(policy: ExportedPolicy, data: Any) -> Plan:
+    """One greedy episode of the engine's decision loop, each choice the
+    encoder's best-scored valid action."""
+    from opsched.engine.episode import run_episode
 
-    def __init__(self, policy: ExportedPolicy, features: types.ModuleType, data: Any) -> None:
-        from opsched.envs.episode import Episode
+    enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask,
+                                 data.node_levels if policy.encoder.levels else None)
 
-        self.policy, self.data = policy, data
-        self.ep = Episode(data)
-        levels = features.episode_level_features(data) if policy.encoder.levels else None
-        self.enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask, levels)
-        self.decisions = self.forced = 0
+    def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
+        return greedy(enc.grid_scores(*ep.obs.state(), ops, cols, can_wait))
 
-    def run(self) -> Plan:
-        ep, wait = self.ep, self.policy.layout.wait
-        obs, levels = ep.obs, self.data.static.levels
-        while not ep.done:
-            ops, cols, can_wait = obs.choices()  # the valid actions: ops x cols, then "wait"
-            starts = len(ops) * len(cols)
-            if starts + can_wait == 1:  # one valid action: the policy's choice is forced
-                j = 0
-                self.forced += 1
-            else:
-                j = greedy(self.enc.grid_scores(*obs.state(), ops, cols, can_wait))
-            a = wait if j == starts else int(ops[j // len(cols)]) * PER_SLOT + int(cols[j % len(cols)])
-            self.decisions += 1
-            if a == wait:
-                ep.advance()
-            else:
-                slot, rest = divmod(a, PER_SLOT)
-                d, lv = divmod(rest, MAX_LEVELS)
-                ep.start(slot, d, int(levels[d][lv]))
-            ep.settle()
-        now = ep.st.now
-        src = self.policy.meta.get("source", {})
-        return ep.plan(self.policy.name, {
-            "policy_dir": str(self.policy.folder), "source_run": src.get("run"), "slots": self.data.n,
-            "decisions": self.decisions, "forced": self.forced, "sim_makespan": float(now) if math.isfinite(now) else None})
+    ep, decisions, forced = run_episode(data, choose)
+    now = ep.now
+    src = policy.meta.get("source", {})
+    return ep.plan(policy.name, {
+        "policy_dir": str(policy.folder), "source_run": src.get("run"), "slots": data.n,
+        "decisions": decisions, "forced": forced, "sim_makespan": float(now) if math.isfinite(now) else None})
 
 
 __all__ = ["ExportedPolicy", "FORMAT_VERSION", "POLICY_FORMAT", "action_spec", "array_digest", "load",

@@ -1,7 +1,7 @@
 """The graph encoder's forward pass in plain numpy: what an exported policy runs.
 
 The trained network is :class:`opsched.agents.encoder.GraphEncoder` (its
-docstring writes the computation out; ``agents.encoder.numpy_forward`` is the
+docstring writes the computation out; the tests' ``numpy_forward`` is the
 reference).  This module computes exactly the same function from the exported
 arrays, without torch, in two forms:
 
@@ -28,20 +28,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from opsched.envs.spaces import (
+from opsched.engine.layout import (
     DYNAMIC_FEATURES,
     GLOBAL_FEATURES,
     HARDWARE_FEATURES,
     LEVEL_KEY,
     MAX_DEVICES,
-    MAX_LEVELS,
+    PER_SLOT,
     STATIC_FEATURES,
+    unflatten_obs,
 )
 
 F_STATIC, F_DYNAMIC = len(STATIC_FEATURES), len(DYNAMIC_FEATURES)
 F_HW, F_GLOB = len(HARDWARE_FEATURES), len(GLOBAL_FEATURES)
-#: Actions per op slot in the flat layout (devices x levels); see opsched.envs.spaces.
-PER_SLOT = MAX_DEVICES * MAX_LEVELS
 
 
 def array_shapes(hidden: int, rounds: int, levels: int = 0) -> dict[str, tuple[int, ...]]:
@@ -108,11 +107,13 @@ class NumpyEncoder:
 
     # ----------------------------------------------------------- reference
     def forward(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
-        """Every action logit (flat layout of ``opsched.envs.spaces``, "wait"
+        """Every action logit (flat layout of ``opsched.engine.layout``, "wait"
         last) and the value, for one padded observation -- the same function as
-        ``GraphEncoder.logits_and_value`` on a batch of one."""
+        ``GraphEncoder.logits_and_value`` on a batch of one.  The observation
+        may be the environment's (flattened) or have its logical shapes."""
         node_mask = np.asarray(obs["node_mask"], np.float32)
         N = node_mask.shape[0]
+        obs = unflatten_obs(obs, N, np.asarray(obs["edge_mask"]).shape[0])
         x_static = np.asarray(obs["node_static"], np.float32)
         ep = self.episode(x_static, obs["edge_index"], obs["edge_mask"], node_mask,
                           obs[LEVEL_KEY] if self.levels else None)
@@ -288,7 +289,7 @@ class EncoderEpisode:
     def grid_scores(self, node_dynamic: np.ndarray, hardware: np.ndarray, globals_: np.ndarray,
                     ops: np.ndarray, cols: np.ndarray, wait: bool) -> np.ndarray:
         """The logits of the valid actions given in factored form
-        (:meth:`opsched.envs.features.Observer.choices`): every (op, column)
+        (:meth:`opsched.engine.observe.Observer.choices`): every (op, column)
         start, ops ascending then columns ascending, then "wait" if ``wait`` -
         the order and values of :meth:`scores` on the same actions, without
         building or scanning the flat action list."""
@@ -329,4 +330,4 @@ def greedy(scores: np.ndarray) -> int:
     return int(np.argmax(scores))
 
 
-__all__ = ["NumpyEncoder", "EncoderEpisode", "array_shapes", "PER_SLOT"]
+__all__ = ["NumpyEncoder", "EncoderEpisode", "array_shapes"]

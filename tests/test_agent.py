@@ -8,15 +8,15 @@ import torch as th
 
 pytest.importorskip("sb3_contrib")
 
+from _reference import numpy_forward, numpy_params  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 
 from opsched.agents.config import ConfigError, TrainConfig, load_hyperparams, parse_set  # noqa: E402
-from opsched.agents.encoder import numpy_forward, numpy_params  # noqa: E402
 from opsched.agents.environments import make_env  # noqa: E402
 from opsched.agents.evaluate import run_episode  # noqa: E402
 from opsched.agents.policy import action_logits, greedy_action  # noqa: E402
 from opsched.agents.train import build_model  # noqa: E402
-from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS  # noqa: E402
+from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS, flatten_obs, unflatten_obs  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402
 from opsched.synthetic import generate  # noqa: E402
 
@@ -75,12 +75,13 @@ def _permute(obs, perm, n):
     """Renumber op slots: new slot k holds old slot perm[k] (only the first n are real)."""
     inv = np.empty(n, dtype=np.int64)
     inv[perm] = np.arange(n)
+    obs = unflatten_obs(obs, obs["node_mask"].size, obs["edge_mask"].size)
     out = {k: v.copy() for k, v in obs.items()}
     for key in ("node_static", "node_dynamic", "node_mask", "node_levels"):
         out[key][:n] = obs[key][perm]
     real = obs["edge_mask"] > 0
     out["edge_index"][:, real] = inv[obs["edge_index"][:, real]]
-    return out, inv
+    return flatten_obs(out), inv
 
 
 def test_encoder_is_permutation_consistent(graph, machine):
@@ -96,7 +97,7 @@ def test_encoder_is_permutation_consistent(graph, machine):
     np.testing.assert_allclose(pper_op[inv], per_op[:n], rtol=1e-4, atol=1e-5)
     assert action_logits(model.policy, pobs)[-1] == pytest.approx(action_logits(model.policy, obs)[-1], abs=1e-5)
     # a permutation that does NOT move the edges along changes the scores (the test can fail)
-    broken = dict(pobs, edge_index=obs["edge_index"])
+    broken = dict(pobs, edge_index=obs["edge_index"])  # both flattened
     assert not np.allclose(action_logits(model.policy, broken)[:-1].reshape(32, -1)[inv], per_op[:n], atol=1e-4)
 
 
@@ -185,13 +186,14 @@ def test_config_resolution_and_errors(tmp_path):
 
 def test_level_times_are_the_models_speedups():
     """``node_levels`` = log2(t(1) / t(k)) / 7 per op and CPU level, from the performance model."""
-    from opsched.agents.encoder import LEVEL_KEY
     from opsched.backends.perfmodel import default_model
+    from opsched.engine.layout import LEVEL_KEY
 
     g, m = generate("layered", 20, 9), get_machine("knl-68")
     env = make_env([g], [m], max_nodes=32)
     obs, _ = env.reset(seed=0)
     assert env.observation_space.contains(obs)
+    obs = unflatten_obs(obs, 32, env.unwrapped.max_edges)
     table = default_model().time_table(g, m)
     levels = m.cpu.thread_levels()
     expected = np.clip(np.log2(table.times[:, 0, :1] / table.times[:, 0, :len(levels)]) / 7, -1, 1)
@@ -199,4 +201,4 @@ def test_level_times_are_the_models_speedups():
     assert not obs[LEVEL_KEY][20:].any()                       # padding
     assert obs[LEVEL_KEY][:20, 1:].max() > 0.1                 # real speed-ups, not a constant
     obs2, *_ = env.step(int(np.flatnonzero(env.action_masks())[0]))
-    np.testing.assert_array_equal(obs2[LEVEL_KEY], obs[LEVEL_KEY])  # static within an episode
+    np.testing.assert_array_equal(obs2[LEVEL_KEY], obs[LEVEL_KEY].reshape(-1))  # static within an episode

@@ -17,9 +17,9 @@ import opsched.commands.apply  # noqa: F401  (registers the command)
 from opsched.cli import app
 from opsched.machine import Device, Machine
 from opsched.policies.base import Policy
-from opsched.policies.exported import load, write_policy
+from opsched.policies.exported import load, pretrained_path, write_policy
 from opsched.policies.numpy_encoder import array_shapes
-from opsched.scheduled import ScheduleFallbackWarning, apply, pretrained_path
+from opsched.scheduled import ScheduleFallbackWarning, apply
 
 torch.set_num_threads(1)
 

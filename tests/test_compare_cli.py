@@ -25,22 +25,25 @@ def _files(run_dir, graphs, policies):
     return [run_dir / n for n in names]
 
 
+ALL = [*HEURISTICS, "learned"]  # what --policies all means
+
+
 def test_compare_on_the_simulator_writes_every_file(tmp_path):
     graphs = ["synthetic:layered:n=30", "synthetic:erdos_renyi:n=25"]
-    args = ["compare", "--graphs", ",".join(graphs), "--machine", "dgx1-4v100", "--backend", "sim",
-            "--policies", "all", "--out", str(tmp_path)]
+    args = ["compare", "--model", ",".join(graphs), "--machine", "dgx1-4v100", "--backend", "sim",
+            "--policies", "all", "--gantt", "all", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     run_dir = tmp_path / "compare_1"
-    for path in _files(run_dir, graphs, HEURISTICS):
+    for path in _files(run_dir, graphs, ALL):
         assert path.is_file() and path.stat().st_size > 0, path
     assert (run_dir / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     with open(run_dir / "results.csv") as fh:
         rows = list(csv.DictReader(fh))
-    assert len(rows) == (len(graphs) + 1) * len(HEURISTICS)
+    assert len(rows) == (len(graphs) + 1) * len(ALL)
     per_graph = [r for r in rows if r["graph"] != "geomean"]
-    assert {(r["graph"], r["policy"]) for r in per_graph} == {(g, p) for g in graphs for p in HEURISTICS}
+    assert {(r["graph"], r["policy"]) for r in per_graph} == {(g, p) for g in graphs for p in ALL}
     for r in per_graph:
         assert float(r["makespan_s"]) > 0 and float(r["decision_s"]) >= 0
         assert float(r["lb_ratio"]) >= 1.0 - 1e-9  # nothing beats the lower bound
@@ -49,7 +52,7 @@ def test_compare_on_the_simulator_writes_every_file(tmp_path):
         else:  # speedup is the sequential makespan over this one
             seq = next(x for x in per_graph if x["graph"] == r["graph"] and x["policy"] == "sequential")
             assert float(r["speedup"]) == pytest.approx(float(seq["makespan_s"]) / float(r["makespan_s"]))
-    assert [r["policy"] for r in rows if r["graph"] == "geomean"] == list(HEURISTICS)
+    assert [r["policy"] for r in rows if r["graph"] == "geomean"] == ALL
 
     data = json.loads((run_dir / "results.json").read_text())
     assert data["config"]["backend"] == "sim" and data["config"]["machine"]["name"] == "dgx1-4v100"
@@ -58,23 +61,30 @@ def test_compare_on_the_simulator_writes_every_file(tmp_path):
     words = shlex.split(command)
     assert words[:2] == ["opsched", "compare"] and ",".join(graphs) in words and "dgx1-4v100" in words
     # a saved plan replays: each policy's plan file is a valid Plan for its graph
-    assert len(list((run_dir / "plans").glob("*.json"))) == len(graphs) * len(HEURISTICS)
+    assert len(list((run_dir / "plans").glob("*.json"))) == len(graphs) * len(ALL)
 
-    again = runner.invoke(app, args + ["--no-gantt", "--policies", "heft"])
+    again = runner.invoke(app, args + ["--gantt", "none", "--policies", "heft"])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "compare_2" / "results.csv").is_file()
     assert not (tmp_path / "compare_2" / "gantt").exists()
+    best = runner.invoke(app, args[:-6] + ["--policies", "heft", "--out", str(tmp_path)])  # default: --gantt best
+    assert best.exit_code == 0, best.output
+    charts = sorted(p.name for p in (tmp_path / "compare_3" / "gantt").glob("*.png"))
+    assert 2 <= len(charts) <= 4 and any("sequential" in c for c in charts)  # per graph: the fastest and sequential
 
 
 @pytest.mark.parametrize("args, match", [
     (["--backend", "torch-cpu", "--machine", "knl-68"], "use --machine local"),
     (["--policies", "nope"], "unknown policy 'nope'"),
-    (["--graphs", "synthetic:nofamily"], "nofamily"),
+    (["--model", "synthetic:nofamily"], "nofamily"),
     (["--repeats", "0"], "--repeats"),
-    (["--model", "magic"], "--model must be one of"),
+    (["--perf-model", "magic"], "--perf-model must be one of"),
+    (["--search-trials", "0"], "--search-trials must be >= 1"),
+    (["--backend", "nosuch"], "unknown backend 'nosuch'"),
+    (["--gantt", "some"], "--gantt must be one of"),
 ])
 def test_compare_rejects_bad_input(tmp_path, args, match):
-    base = {"--graphs": "synthetic:layered:n=10", "--machine": "knl-68", "--policies": "sequential",
+    base = {"--model": "synthetic:layered:n=10", "--machine": "knl-68", "--policies": "sequential",
             "--out": str(tmp_path)}
     for k, v in zip(args[::2], args[1::2]):
         base[k] = v
@@ -96,8 +106,8 @@ def _torch_backend_ready() -> bool:
 def test_compare_for_real_on_this_cpu(tmp_path):
     policies = ["sequential", "critical-path-first", "heft"]
     result = runner.invoke(app, [
-        "compare", "--graphs", "zoo:transformer", "--machine", "local", "--backend", "torch-cpu",
-        "--policies", ",".join(policies), "--width", "0.25", "--repeats", "3", "--warmup", "1",
+        "compare", "--model", "zoo:transformer", "--machine", "local", "--backend", "torch-cpu",
+        "--policies", ",".join(policies), "--width", "0.25", "--repeats", "3", "--warmup", "1", "--gantt", "all",
         "--out", str(tmp_path),
     ])
     assert result.exit_code == 0, result.output
@@ -120,7 +130,7 @@ def test_compare_refuses_a_pytorch_graph_on_the_tf_backend_before_writing_anythi
     factory.write_text("import torch\nfrom torch import nn\n\ndef build(batch):\n"
                        "    return nn.Sequential(nn.Linear(4, 4)), (torch.randn(batch, 4),)\n")
     out = tmp_path / "runs"
-    result = runner.invoke(app, ["compare", "--graphs", f"{factory}:build", "--machine", "local", "--backend", "tf",
+    result = runner.invoke(app, ["compare", "--model", f"{factory}:build", "--machine", "local", "--backend", "tf",
                                  "--policies", "sequential", "--out", str(out)])
     assert isinstance(result.exception, OpschedError), result.output
     assert "is a PyTorch model" in str(result.exception) and "--backend torch-cpu" in str(result.exception)
@@ -136,8 +146,8 @@ def test_two_exported_policies_keep_their_own_names(tmp_path):
 
     mine = tmp_path / "myrun_3" / "policy"
     shutil.copytree(pretrained_path(), mine)
-    args = ["compare", "--graphs", "synthetic:layered:n=20", "--machine", "xeon-8180-2s", "--backend", "sim",
-            "--policies", f"critical-path-first,{mine},{pretrained_path()}", "--no-gantt", "--out", str(tmp_path)]
+    args = ["compare", "--model", "synthetic:layered:n=20", "--machine", "xeon-8180-2s", "--backend", "sim",
+            "--policies", f"critical-path-first,{mine},{pretrained_path()}", "--gantt", "none", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     with open(tmp_path / "compare_1" / "results.csv") as fh:

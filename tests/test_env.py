@@ -10,16 +10,17 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+from _reference import observe
 from gymnasium.error import ResetNeeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opsched.backends.sim import SimBackend, lower_bound, sequential_makespan
+from opsched.backends.sim import SimBackend
+from opsched.engine.coarsen import coarsen
+from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS, ActionLayout
+from opsched.engine.sim import lower_bound, sequential_makespan
 from opsched.envs import ENV_ID, REAL_ENV_ID
-from opsched.envs.coarsen import coarsen
-from opsched.envs.features import observe
 from opsched.envs.schedule_env import InvalidActionError, ScheduleEnv
-from opsched.envs.spaces import MAX_DEVICES, MAX_LEVELS, ActionLayout
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import Device, Machine, get_machine
 from opsched.plan import Plan
@@ -49,8 +50,8 @@ def play(env: ScheduleEnv, rng: np.random.Generator, p_wait: float = 0.2, seed: 
     while True:
         if check_obs:
             assert env.observation_space.contains(obs)
-            ref = observe(env._data, env._state)
-            assert all(np.array_equal(obs[k], ref[k]) for k in obs)
+            ref = observe(env.episode_data, env.episode.st)
+            assert all(np.array_equal(obs[k], ref[k].reshape(-1)) for k in obs)
         mask = env.action_masks()
         valid = np.flatnonzero(mask)
         if mask[-1] and (len(valid) == 1 or rng.random() < p_wait):
@@ -270,13 +271,15 @@ def test_machine_too_large_for_the_layout_is_refused(graph):
         env.reset(seed=0)
 
 
-def test_empty_graph_and_missing_graph_are_refused():
+def test_empty_graph_is_refused_and_no_graph_means_random_dags():
     from opsched.errors import GraphError
 
     with pytest.raises(GraphError, match="no ops"):
         ScheduleEnv(graphs=OpGraph((), (), name="empty"), machine="knl-68").reset(seed=0)
-    with pytest.raises(ValueError, match="no graph"):
-        ScheduleEnv(machine="knl-68").reset(seed=0)
+    env = ScheduleEnv(machine="knl-68")
+    sizes = {env.reset(seed=s)[1]["n_ops"] for s in range(6)}
+    assert all(20 <= n <= 60 for n in sizes) and len(sizes) > 1  # a fresh graph per episode
+    assert env.reset(seed=3)[1]["graph"] == env.reset(seed=3)[1]["graph"]  # seeded
 
 
 def test_noise_is_seeded(graph):

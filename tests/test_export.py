@@ -26,33 +26,37 @@ import torch as th  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv  # noqa: E402
 
 from opsched.agents.config import TrainConfig  # noqa: E402
-from opsched.agents.environments import LevelTimes  # noqa: E402
 from opsched.agents.export import export_policy, export_run  # noqa: E402
 from opsched.agents.policy import action_logits  # noqa: E402
 from opsched.agents.train import build_model  # noqa: E402
 from opsched.backends.sim import SimBackend  # noqa: E402
+from opsched.engine.layout import LEVEL_KEY, PER_SLOT, unflatten_obs  # noqa: E402
 from opsched.envs.schedule_env import ScheduleEnv  # noqa: E402
-from opsched.envs.spaces import LEVEL_KEY  # noqa: E402
 from opsched.errors import PolicyError  # noqa: E402
 from opsched.machine import get_machine  # noqa: E402
 from opsched.policies import load  # noqa: E402
 from opsched.policies.exported import write_policy  # noqa: E402
-from opsched.policies.numpy_encoder import PER_SLOT, greedy  # noqa: E402
+from opsched.policies.numpy_encoder import greedy  # noqa: E402
 from opsched.synthetic import generate  # noqa: E402
 
 MAX_NODES = 32
 MACHINES = ("xeon-8180-2s", "dgx1-4v100", "knl-68", "2x2080ti")
 
 
-def _env(graphs=None, machines=MACHINES, level_times=True):
-    """The training env: with ``node_levels`` (the default of train-policy) unless told otherwise."""
+def _env(graphs=None, machines=MACHINES):
+    """The training env (its observation has ``node_levels``; an encoder may ignore them)."""
     graphs = graphs or [generate("layered", 24, 1), generate("erdos_renyi", 30, 2), generate("watts_strogatz", 60, 3)]
-    env = ScheduleEnv(graphs=graphs, machine=list(machines), max_nodes=MAX_NODES)
-    return LevelTimes(env) if level_times else env
+    return ScheduleEnv(graphs=graphs, machine=list(machines), max_nodes=MAX_NODES)
+
+
+def _sh(obs):
+    """An observation of ``_env`` with its logical shapes (the env hands it over flattened)."""
+    return unflatten_obs(obs, MAX_NODES, 4 * MAX_NODES)
 
 
 def _episode(pol, obs):
     """The numpy encoder bound to the episode of ``obs`` (its static keys)."""
+    obs = unflatten_obs(obs, pol.max_nodes, pol.max_edges)
     levels = obs[LEVEL_KEY] if pol.encoder.levels else None
     return pol.encoder.episode(obs["node_static"], obs["edge_index"], obs["edge_mask"], obs["node_mask"], levels)
 
@@ -118,7 +122,7 @@ def test_faithful_on_1000_states(model, folder):
         torch_action, _ = model.predict(obs, action_masks=mask, deterministic=True)
         valid = np.flatnonzero(mask)
         ep = _episode(pol, obs)
-        scores = ep.scores(obs["node_dynamic"], obs["hardware"], obs["globals"], valid, env.unwrapped.layout.wait)
+        scores = ep.scores(_sh(obs)["node_dynamic"], _sh(obs)["hardware"], _sh(obs)["globals"], valid, env.unwrapped.layout.wait)
         mine = int(valid[greedy(scores)])
         if mine == int(torch_action):
             same += 1
@@ -142,7 +146,7 @@ def test_factored_choices_are_the_mask_and_score_the_same(folder):
         flat = [int(o) * PER_SLOT + int(c) for o in ops for c in cols] + ([wait] if can_wait else [])
         np.testing.assert_array_equal(flat, np.flatnonzero(mask))
         a, b = _episode(pol, obs), _episode(pol, obs)
-        args = (obs["node_dynamic"], obs["hardware"], obs["globals"])
+        args = (_sh(obs)["node_dynamic"], _sh(obs)["hardware"], _sh(obs)["globals"])
         np.testing.assert_array_equal(a.grid_scores(*args, ops, cols, can_wait), b.scores(*args, np.array(flat), wait))
         checked += len(flat) > 1
     assert checked > 50
@@ -183,7 +187,7 @@ def test_incremental_embeddings_equal_a_full_pass(folder):
         ep = _episode(pol, obs)
         done = False
         while not done:
-            dyn = obs["node_dynamic"][: ep.n]
+            dyn = _sh(obs)["node_dynamic"][: ep.n]
             fresh = _episode(pol, obs).embed(dyn)
             worst = max(worst, float(np.abs(ep.embed(dyn) - fresh).max()))
             obs, _, done, _, _ = env.step(int(rng.choice(np.flatnonzero(env.action_masks()))))
@@ -231,8 +235,8 @@ def test_plans_without_torch_sb3_or_gymnasium(folder, tmp_path):
 def test_a_policy_without_node_levels_still_exports_and_plans(tmp_path):
     """Runs trained with ``level_times: false`` (and exports from before node_levels) read no levels."""
     th.set_num_threads(1)
-    cfg = TrainConfig(hyperparams="tiny", overrides={"hidden": 8, "rounds": 1}).resolve()
-    plain = build_model(cfg, DummyVecEnv([lambda: _env(level_times=False)]), seed=1)
+    cfg = TrainConfig(hyperparams="tiny", level_times=False, overrides={"hidden": 8, "rounds": 1}).resolve()
+    plain = build_model(cfg, DummyVecEnv([lambda: _env()]), seed=1)
     folder = export_policy(plain, tmp_path / "plain", machines=list(MACHINES))  # verifies the logits too
     meta = json.loads((folder / "policy.json").read_text())
     assert meta["observation"][LEVEL_KEY] == 0 and meta["arrays"]["shapes"]["inp.weight"] == [8, 27]
@@ -242,7 +246,7 @@ def test_a_policy_without_node_levels_still_exports_and_plans(tmp_path):
     assert pol.encoder.levels == 0
     g, m = generate("layered", 40, 3), get_machine("knl-68")
     pol.plan(g, m).validate(g, m)
-    obs, _ = _env(level_times=False).reset(seed=0)
+    obs, _ = _env().reset(seed=0)
     np.testing.assert_allclose(pol.encoder.forward(obs)[0], action_logits(plain.policy, obs), rtol=1e-5, atol=1e-5)
 
 

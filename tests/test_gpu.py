@@ -258,7 +258,7 @@ def test_mutated_values_are_copied_per_reader(two_gpu_machine):
             cp = be.compile(g, plan)
             assert cp.mutators, "the in-place ops were found"
             assert happens_before_violations(g, plan, cp.sched, cp.reads, cp.writes, cp.mutators) == []
-            assert _close(be.execute(g, plan, x), m(x)), f"plan {seed}"
+            assert _close(be.execute(g, plan, (x,)), m(x)), f"plan {seed}"
             lazy += sum(len(st.copies_before) for st in cp.sched.steps)
         assert lazy > 0, "values changed in place were copied per reader"
     finally:
@@ -288,7 +288,7 @@ def test_emulated_runtime_equals_eager_on_mixed_plans(branchy, two_gpu_machine, 
         for seed in range(6):
             devices = [["gpu:0"], ["cpu", "gpu:0"], ["cpu", "gpu:0", "gpu:1"]][seed % 3]
             plan = _random_plan(g, two_gpu_machine, devices, seed)
-            assert _close(be.execute(g, plan, *inputs), ref), f"plan {seed} ({devices})"
+            assert _close(be.execute(g, plan, inputs), ref), f"plan {seed} ({devices})"
             tr = be.run(g, plan)
             check_trace(tr, g, plan, two_gpu_machine)
             assert tr.meta["emulated"] is True and tr.meta["wall_s"] > 0
@@ -306,7 +306,7 @@ def test_emulated_zoo_models_equal_eager(name, emulated, two_gpu_machine):
     ref = module(*inputs)
     for seed in range(2):
         plan = _random_plan(g, two_gpu_machine, ["cpu", "gpu:0", "gpu:1"], seed)
-        assert _close(emulated.execute(g, plan, *inputs), ref)
+        assert _close(emulated.execute(g, plan, inputs), ref)
         cp = emulated.compile(g, plan)
         assert happens_before_violations(g, plan, cp.sched, cp.reads, cp.writes, cp.mutators) == []
     check_trace(emulated.run(g, plan), g, plan, two_gpu_machine)
@@ -325,7 +325,7 @@ def test_emulated_values_are_freed_and_parameters_replicated(branchy, two_gpu_ma
     dropped = {x for st in cp.sched.steps for x in st.drops}
     outs = set(cp.output_slots)
     assert dropped and not any(s in outs or s in cp.input_slots for _, s in dropped)
-    assert _close(be.execute(g, plan, *inputs), module(*inputs))
+    assert _close(be.execute(g, plan, inputs), module(*inputs))
     be.close()
 
 
@@ -345,8 +345,8 @@ def test_failing_op_names_the_op_and_backend_survives(two_gpu_machine):
     be = TorchCUDABackend(two_gpu_machine, emulate=True)
     plan = uniform_plan(g, two_gpu_machine, 1, device="gpu:0")
     with pytest.raises(ExecutionError, match=r"op '.*' on gpu:0 raised"):
-        be.execute(g, plan, torch.randn(2, 5))  # wrong width: the Linear op fails
-    assert _close(be.execute(g, plan, x), m(x))
+        be.execute(g, plan, (torch.randn(2, 5),))  # wrong width: the Linear op fails
+    assert _close(be.execute(g, plan, (x,)), m(x))
     be.close()
 
 
@@ -359,7 +359,7 @@ def test_capture_refuses_mixed_plans_and_emulation(branchy, two_gpu_machine):
         be.capture(g, uniform_plan(g, two_gpu_machine, 1, device="gpu:0"), *inputs)
     be.close()
     with pytest.raises(ExecutionError, match="closed"):
-        be.execute(g, uniform_plan(g, two_gpu_machine, 1, device="gpu:0"), *inputs)
+        be.execute(g, uniform_plan(g, two_gpu_machine, 1, device="gpu:0"), inputs)
 
 
 # ============================================================ errors (CPU)
@@ -500,7 +500,7 @@ def test_gpu_zoo_outputs_equal_eager(name, cuda_backend, gpu_machine, no_tf32):
     ref = _eager_gpu(module, inputs)
     cuda_in = tuple(x.cuda() for x in inputs)
     plan = _cpf_plan(g, gpu_machine)
-    out = cuda_backend.execute(g, plan, *cuda_in)
+    out = cuda_backend.execute(g, plan, cuda_in)
     assert all(t.is_cuda for t in _flat(out))
     assert _close(out, ref, rtol=1e-4, atol=1e-4), f"{name}: multi-stream outputs differ from eager CUDA"
     check_trace(cuda_backend.run(g, plan, cuda_in), g, plan, gpu_machine)
@@ -518,7 +518,7 @@ def test_gpu_single_and_multi_stream_agree(gpu_machine, no_tf32):
         with TorchCUDABackend(machine, stream_policy=policy) as be:
             plan = _cpf_plan(g, machine)
             for _ in range(3):  # repeated runs reuse events, streams and freed memory
-                assert _close(be.execute(g, plan, *cuda_in), ref, rtol=1e-4, atol=1e-4)
+                assert _close(be.execute(g, plan, cuda_in), ref, rtol=1e-4, atol=1e-4)
             tr = be.run(g, plan, cuda_in)
             check_trace(tr, g, plan, machine)
             lanes = {e.lane for e in tr.events}
@@ -537,7 +537,7 @@ def test_gpu_mixed_cpu_gpu_plans_equal_eager(seed, gpu_machine, cuda_backend, br
     ref = module(*inputs)
     cores = min(2, gpu_machine.cpu.cores)
     plan = _random_plan(g, gpu_machine, ["cpu", "gpu:0"], seed, max_threads=cores)
-    assert _close(cuda_backend.execute(g, plan, *inputs), ref, rtol=1e-4, atol=1e-4)
+    assert _close(cuda_backend.execute(g, plan, inputs), ref, rtol=1e-4, atol=1e-4)
     tr = cuda_backend.run(g, plan)
     check_trace(tr, g, plan, gpu_machine, tol=tr.meta["clock_skew_bound_s"] + 50e-6)
 
@@ -552,7 +552,7 @@ def test_gpu_cross_device_copies_on_a_chain(gpu_machine, cuda_backend, no_tf32):
     plan = Plan.build(g, gpu_machine, {
         g.ops[i].id: Assignment("gpu:0" if (k // 7) % 2 else "cpu", 1, float(len(topo) - k))
         for k, i in enumerate(topo)})
-    out = cuda_backend.execute(g, plan, *inputs)
+    out = cuda_backend.execute(g, plan, inputs)
     assert _close(out, ref, rtol=1e-4, atol=1e-4)
     tr = cuda_backend.run(g, plan)
     assert {c["src"] for c in tr.meta["copies"]} == {"cpu", "gpu:0"}
@@ -569,7 +569,7 @@ def test_gpu_multi_gpu_placement_equals_eager(gpu_machine, cuda_backend, no_tf32
     ref = _eager_gpu(module, inputs)
     gpus = [d.id for d in gpu_machine.gpus]
     for plan in (_random_plan(g, gpu_machine, gpus, 0), get_policy("maestro").plan(g, gpu_machine)):
-        assert _close(cuda_backend.execute(g, plan, *(x.cuda() for x in inputs)), ref, rtol=1e-4, atol=1e-4)
+        assert _close(cuda_backend.execute(g, plan, tuple(x.cuda() for x in inputs)), ref, rtol=1e-4, atol=1e-4)
         tr = cuda_backend.run(g, plan)
         check_trace(tr, g, plan, gpu_machine, tol=tr.meta["clock_skew_bound_s"] + 50e-6)
 
@@ -603,7 +603,7 @@ def test_gpu_errors_name_the_device_and_op(gpu_machine, cuda_backend, branchy):
     with TorchCUDABackend(big) as be, pytest.raises(PlanError, match=rf"gpu:{n}.*sees {n} CUDA device"):
         be.run(g, uniform_plan(g, big, 1, device=f"gpu:{n}"))
     with pytest.raises(ExecutionError, match="raised"):
-        cuda_backend.execute(g, _cpf_plan(g, gpu_machine), torch.randn(2, 5, 16, 16).cuda())
+        cuda_backend.execute(g, _cpf_plan(g, gpu_machine), (torch.randn(2, 5, 16, 16).cuda(),))
 
 
 @pytest.mark.gpu

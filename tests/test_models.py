@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from opsched.cli import app
 from opsched.errors import GraphError, ModelImportError, OpschedError
 from opsched.graph import OpGraph
-from opsched.models import load_graph, load_model
+from opsched.specs import load_graph, load_torch_model
 from opsched.synthetic import generate
 
 
@@ -56,7 +56,7 @@ def test_zoo_spec_and_bare_name():
     assert g.name == "lstm" and g.source is not None
     assert g.ops[0].shape[0] == 2
     assert load_graph("lstm", width=0.25).fingerprint() == load_graph("zoo:lstm", width=0.25).fingerprint()
-    module, inputs = load_model("zoo:transformer", batch=1, width=0.25)
+    module, inputs = load_torch_model("zoo:transformer", batch=1, width=0.25)
     assert not module.training and inputs[0].dtype == torch.int64
 
 
@@ -82,7 +82,7 @@ def test_json_spec_round_trips(tmp_path):
 
 
 def test_user_python_factory(user_file):
-    module, inputs = load_model(f"{user_file}:make", batch=3, width=2.0)
+    module, inputs = load_torch_model(f"{user_file}:make", batch=3, width=2.0)
     assert module[0].out_features == 32 and inputs[0].shape == (3, 8)
     g = load_graph(f"{user_file}:make", batch=3)
     assert g.name == "make" and [op.kind for op in g.ops] == ["matmul", "elementwise", "matmul"]
@@ -111,7 +111,7 @@ def test_unknown_spec_lists_what_exists():
     for known in ("zoo:NAME", "inception", "randwire", "layered"):
         assert known in str(err.value)
     with pytest.raises(ModelImportError, match="not a torch model"):
-        load_model("synthetic:layered")
+        load_torch_model("synthetic:layered")
     with pytest.raises(ModelImportError, match="the zoo has"):
         load_graph("zoo:vgg16")
 

@@ -63,7 +63,7 @@ def test_every_heuristic_plans_validly_on_random_graphs(policy, machine, family,
 
 @functools.cache
 def zoo_graph(name: str):
-    from opsched.models import load_graph
+    from opsched.specs import load_graph
 
     return load_graph(f"zoo:{name}", batch=1, width=0.25)
 
@@ -88,8 +88,8 @@ def test_every_heuristic_plans_validly_on_the_zoo(name, machine):
 
 # ------------------------------------------------------------------ registry
 def test_registry_names_and_all():
-    assert expand_names("all") == list(HEURISTICS)
-    assert expand_names("all,search") == [*HEURISTICS, "search"]
+    assert expand_names("all") == [*HEURISTICS, "learned"]
+    assert expand_names("all,search") == [*HEURISTICS, "learned", "search"]
     assert expand_names("cpf, heft,cpf") == ["critical-path-first", "heft"]
     assert set(HEURISTICS) < set(POLICIES)
     for name in POLICIES:

@@ -12,10 +12,11 @@ import math
 import numpy as np
 import pytest
 
-from opsched.backends.base import Backend
+from opsched.backends.base import BackendBase
 from opsched.backends.perfmodel import AnalyticModel, default_model
 from opsched.backends.registry import get_backend
-from opsched.backends.sim import SimBackend, SimState, lower_bound, prepare, sequential_makespan
+from opsched.backends.sim import SimBackend
+from opsched.engine.sim import SimState, lower_bound, prepare, sequential_makespan
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import Device, Machine, get_machine
@@ -82,7 +83,7 @@ def check_trace(graph: OpGraph, machine: Machine, plan: Plan, trace) -> None:
 def test_backend_interface_and_registry():
     m = cpu_machine()
     b = get_backend("sim", m)
-    assert isinstance(b, SimBackend) and isinstance(b, Backend)
+    assert isinstance(b, SimBackend) and isinstance(b, BackendBase)
     assert b.name == "sim" and b.measured is False
     with SimBackend(m) as b2:
         assert b2.model is not None

@@ -9,7 +9,6 @@ one TFBackend (its workers stay up); only the tests of the registry path
 
 from __future__ import annotations
 
-import contextlib
 import json
 import warnings
 
@@ -53,9 +52,8 @@ def spec(tf, tmp_path_factory):
 @pytest.fixture(scope="module")
 def machine():
     from opsched.machine import get_machine
-    from opsched.scheduled import cpu_only
 
-    return cpu_only(get_machine("local"))
+    return get_machine("local").cpu_only()
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +69,16 @@ def shared(tf, machine):
 
 @pytest.fixture
 def use_shared(shared, monkeypatch):
-    """``opsched apply`` opens the shared backend instead of a fresh one (and leaves it open)."""
-    import opsched.backends.tf_cpu as tf_cpu
+    """``opsched.apply`` runs on the module's shared backend instead of the process's own."""
+    import opsched.scheduled
 
-    monkeypatch.setattr(tf_cpu, "TFBackend", lambda machine, **kw: contextlib.nullcontext(shared))
+    monkeypatch.setattr(opsched.scheduled, "shared_backend", lambda name, machine: shared)
     return shared
 
 
 @pytest.fixture(scope="module")
 def graph(spec):
-    from opsched.models import load_graph
+    from opsched.specs import load_graph
 
     return load_graph(spec, batch=3)
 
@@ -88,15 +86,15 @@ def graph(spec):
 # ------------------------------------------------------------------ models
 def test_keras_specs_load_with_a_tf_source(spec, tf):
     from opsched.importers.tf_graph import TFSource
-    from opsched.models import load_any, load_graph, load_model
+    from opsched.specs import load_graph, load_model, load_torch_model
 
-    loaded = load_any(spec, batch=3)
+    loaded = load_model(spec, batch=3)
     assert loaded.framework == "keras" and loaded.name == "build"
     g1, g2 = load_graph(spec, batch=3), load_graph(spec, batch=3)
     assert isinstance(g1.source, TFSource) and g1.source.inputs[0].shape == (3, 12)
     assert g1.fingerprint() == g2.fingerprint()  # same op ids each load: a saved plan replays
     with pytest.raises(OpschedError, match="is a Keras model, not a PyTorch one"):
-        load_model(spec)
+        load_torch_model(spec)
     with pytest.raises(OpschedError, match="no keras.applications model 'NoSuchNet'"):
         load_graph("keras:NoSuchNet")
     with pytest.raises(OpschedError, match="unknown option.*side=N"):
@@ -105,10 +103,10 @@ def test_keras_specs_load_with_a_tf_source(spec, tf):
 
 # ------------------------------------------------------------------- apply
 def test_apply_tf_plans_runs_and_matches_keras(spec, use_shared, graph, tmp_path):
-    from opsched.commands.apply import run_apply
+    from opsched.real_apply import run_apply
 
     plan_file = tmp_path / "plan.json"
-    res = run_apply(spec, None, backend="tf", batch=3, repeats=2, warmup=1, save_plan=plan_file, progress=False)
+    res = run_apply(spec, None, backend="tf", batch=3, repeats=2, warmup=1, save_plan=plan_file)
     assert res["backend"] == "tf" and res["framework"] == "keras" and res["reference"] == "tf-default"
     assert [r["config"] for r in res["rows"]] == ["tf-default", "tf-recommended", "critical-path-first",
                                                   "policy (learned)"]
@@ -119,22 +117,22 @@ def test_apply_tf_plans_runs_and_matches_keras(spec, use_shared, graph, tmp_path
     plan = Plan.load(plan_file)
     plan.validate(graph, use_shared.machine)
     assert plan.policy == "learned"
-    again = run_apply(spec, backend="auto", batch=3, repeats=1, warmup=0, plan_file=plan_file, progress=False)
+    again = run_apply(spec, backend="auto", batch=3, repeats=1, warmup=0, plan_file=plan_file)
     assert again["backend"] == "tf" and again["rows"][-1]["config"] == "saved plan (learned)"
     assert all(r["outputs_equal_eager"] for r in again["rows"])
 
 
 def test_apply_outputs_check_can_fail(spec, shared, graph, tf):
     """The '= eager' column compares with eager Keras: a wrong output is caught."""
-    from opsched.commands.apply import _arrays_close, _keras_eager
-    from opsched.models import load_any
+    from opsched.scheduled import TF_ATOL, TF_RTOL, keras_eager, outputs_equal
+    from opsched.specs import load_model
 
     feeds = graph.source.random_inputs(0)
-    want = _keras_eager(load_any(spec, batch=3).model, feeds)
-    got = shared.execute(graph, None, feeds)
-    assert _arrays_close(got, want)
-    assert not _arrays_close([got[0] * 1.01], want)
-    assert not _arrays_close(shared.execute(graph, None, [feeds[0] + 1.0]), want)
+    want = keras_eager(load_model(spec, batch=3).model, feeds)
+    got = shared.execute_settings(graph, None, feeds)
+    assert outputs_equal(got, want, TF_RTOL, TF_ATOL)
+    assert not outputs_equal([got[0] * 1.01], want, TF_RTOL, TF_ATOL)
+    assert not outputs_equal(shared.execute_settings(graph, None, [feeds[0] + 1.0]), want, TF_RTOL, TF_ATOL)
 
 
 def test_cli_apply_tf_table_and_json(spec, use_shared, tmp_path):
@@ -151,11 +149,11 @@ def test_cli_apply_tf_table_and_json(spec, use_shared, tmp_path):
 def test_apply_backend_mismatch_is_a_clear_error(spec):
     runner = CliRunner()
     res = runner.invoke(app, ["apply", "--backend", "torch-cpu", "--model", spec])
-    assert res.exit_code != 0 and "is a Keras model; use --backend tf" in str(res.exception)
+    assert res.exit_code != 0 and "is a Keras model; use tf" in str(res.exception)
     res = runner.invoke(app, ["apply", "--backend", "tf", "--model", "zoo:inception", "--width", "0.25"])
-    assert res.exit_code != 0 and "--backend tf runs Keras models" in str(res.exception)
+    assert res.exit_code != 0 and "backend tf runs Keras models" in str(res.exception)
     res = runner.invoke(app, ["apply", "--backend", "jax", "--model", spec])
-    assert res.exit_code != 0 and "--backend must be one of auto, torch-cpu, tf" in str(res.exception)
+    assert res.exit_code != 0 and "unknown backend 'jax'; choose from auto, torch-cpu, tf" in str(res.exception)
 
 
 # ---------------------------------------------------------------- env real mode
@@ -208,7 +206,7 @@ def test_env_real_mode_tf_by_name(graph, machine):
 
 # ------------------------------------------------------------------- compare
 def test_compare_tf_writes_its_files(spec, tmp_path):
-    res = CliRunner().invoke(app, ["compare", "--graphs", spec, "--backend", "tf", "--policies",
+    res = CliRunner().invoke(app, ["compare", "--model", spec, "--gantt", "all", "--backend", "tf", "--policies",
                                    "critical-path-first", "--repeats", "1", "--warmup", "0", "--batch", "3",
                                    "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output

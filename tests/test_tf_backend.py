@@ -162,10 +162,10 @@ def test_outputs_equal_the_keras_model(backend, graph, model, machine, tf):
     x = np.random.default_rng(3).standard_normal((2, 16, 16, 3)).astype(np.float32)
     want = model(tf.constant(x), training=False).numpy()
     for plan in (uniform_plan(graph, machine, 1), uniform_plan(graph, machine, 2)):  # two settings, two orders
-        (got,) = backend.execute(graph, plan, inputs=[x])
+        (got,) = backend.execute(graph, plan, [x])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     with pytest.raises(ExecutionError, match="needs shape"):
-        backend.execute(graph, uniform_plan(graph, machine, 1), inputs=[x[:1]])
+        backend.execute(graph, uniform_plan(graph, machine, 1), [x[:1]])
 
 
 def test_plan_meta_sets_the_thread_pools(backend, graph, machine):
@@ -209,7 +209,7 @@ def test_gpu_ops_run_on_a_logical_device(graph, model, tf):
         check_trace(trace, graph, plan, m)
         assert trace.meta["misplaced"] == {}
         assert {e.device for e in trace.events} == {"cpu", "gpu:0"}
-        (got,) = be.execute(graph, plan, inputs=[x])
+        (got,) = be.execute(graph, plan, [x])
         np.testing.assert_allclose(got, model(tf.constant(x), training=False).numpy(), rtol=1e-4, atol=1e-6)
         pids = be.worker_pids()
         assert pids

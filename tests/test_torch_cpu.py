@@ -133,13 +133,13 @@ def test_zoo_outputs_equal_eager(name):
     graph = from_torch(module, inputs, name=name)
     ref = _flat(_eager(module, inputs, 2))
     with TorchCPUBackend(_machine(2)) as be:
-        out = _flat(be.execute(graph, _random_plan(graph, be.machine, 1), *inputs))
+        out = _flat(be.execute(graph, _random_plan(graph, be.machine, 1), inputs))
         assert len(out) == len(ref)
         for a, b in zip(out, ref):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name
     with TorchCPUBackend(_machine(4)) as be4:  # threads=2 on 4 slots: two ops side by side on workers
         plan = uniform_plan(graph, be4.machine, 2)
-        out = _flat(be4.execute(graph, plan, *inputs))
+        out = _flat(be4.execute(graph, plan, inputs))
         assert all(torch.equal(a, b) for a, b in zip(out, ref)), f"{name}: not bit-exact at eager's thread count"
 
 
@@ -147,7 +147,7 @@ def test_inline_plan_is_bit_exact_and_traced(small, be2):
     m, inputs, g = small
     ref = _flat(_eager(m, inputs, 2))
     plan = uniform_plan(g, be2.machine, 2)
-    out = _flat(be2.execute(g, plan, *inputs))
+    out = _flat(be2.execute(g, plan, inputs))
     assert all(torch.equal(a, b) for a, b in zip(out, ref))
     tr = be2.run(g, plan, inputs)
     assert tr.meta["mode"] == "inline" and tr.meta["wall_s"] >= tr.makespan > 0
@@ -186,7 +186,7 @@ def test_multi_threaded_ops_run_on_the_calling_thread_one_thread_ops_on_workers(
                 assert len(on_caller) == len(wide)
             else:
                 assert on_caller, "the calling thread takes the multi-threaded ops"
-            out = be.execute(g, plan, *inputs)
+            out = be.execute(g, plan, inputs)
             assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(_flat(out), _flat(ref)))
 
 
@@ -223,7 +223,7 @@ def test_workers_run_unpinned_in_plans_with_multi_threaded_ops(small, pin):
             else:
                 assert "multi-threaded" in tr.meta["pin_note"] and tr.meta["cpus"] is None
                 assert all(a == everywhere for a in affinities), affinities
-            out = _flat(be.execute(g, plan, *inputs))
+            out = _flat(be.execute(g, plan, inputs))
             assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out, ref))
 
 
@@ -238,7 +238,7 @@ def test_different_inputs_and_repeated_runs(small, be2):
     for seed in range(3):
         x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(seed))
         ref = _flat(_eager(m, (x,), 2))
-        out = _flat(be2.execute(g, plan, x))
+        out = _flat(be2.execute(g, plan, (x,)))
         assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(out, ref))
 
 
@@ -285,7 +285,7 @@ def test_raising_op_names_the_op_and_leaves_nothing_hung(be2, threads):
     finally:
         _state["boom"] = False
     workers = _workers_alive()
-    out = be2.execute(g, plan, x)  # the backend still works
+    out = be2.execute(g, plan, (x,))  # the backend still works
     assert torch.allclose(out, (x * 2 + 1) + torch.relu(x))
     assert _workers_alive() == workers, "no worker was lost or added"
 
@@ -310,7 +310,7 @@ def test_ctrl_c_stops_dispatch_and_waits_for_running_ops(cores):
         assert 0 < ran < 20, "dispatch stopped early"
         time.sleep(0.15)
         assert _state["slow_calls"] == ran, "an op was still running after the interrupt returned"
-        out = be.execute(g, plan, torch.ones(3))  # the backend still works
+        out = be.execute(g, plan, (torch.ones(3),))  # the backend still works
         assert torch.equal(out, sum(torch.ones(3) * (i + 1) + 1 for i in range(20)))
     assert not any(t.is_alive() for t in workers)
 
@@ -374,7 +374,7 @@ _SUBPROCESS = textwrap.dedent("""
         print("not interrupted")
     except KeyboardInterrupt:
         print("interrupted")
-    print("result ok", bool(torch.equal(be.execute(g, plan, torch.ones(2)), sum(torch.ones(2) * (i + 1) + 1 for i in range(30)))))
+    print("result ok", bool(torch.equal(be.execute(g, plan, (torch.ones(2),)), sum(torch.ones(2) * (i + 1) + 1 for i in range(30)))))
     forgotten = TorchCPUBackend(machine)  # never closed: exit must not hang on its workers
     forgotten.run(g, plan)
     print("exiting")

@@ -62,7 +62,7 @@ def test_tiny_run_writes_every_file(tmp_path):
 
     assert load(run / "policy").name  # exported at the end of training, loadable with numpy only
 
-    from opsched.agents import Run, load_model
+    from opsched.agents import Run, load_trained_model
 
     r = Run.open(run)
     assert r.config.ppo["hidden"] == 16 and r.config.max_nodes == 32   # resolved settings saved
@@ -88,13 +88,14 @@ def test_tiny_run_writes_every_file(tmp_path):
         assert tag in tags, (tag, sorted(tags))
 
     # the best model loads (tensors only) and schedules a held-out graph into a valid plan
-    from opsched.agents.config import load_graph_spec, load_machine_spec
     from opsched.agents.environments import make_env
     from opsched.agents.evaluate import policy_actor, run_episode
+    from opsched.machine import get_machine
+    from opsched.specs import load_graph
 
-    model = load_model(run)
-    g, m = load_graph_spec("watts_strogatz:20:3"), load_machine_spec("knl-68")
-    _, info = run_episode(make_env([g], [m], 32, level_times=r.config.level_times), policy_actor(model.policy))
+    model = load_trained_model(run)
+    g, m = load_graph("watts_strogatz:20:3"), get_machine("knl-68")
+    _, info = run_episode(make_env([g], [m], 32), policy_actor(model.policy))
     info["plan"].validate(g, m)
 
 
@@ -126,13 +127,14 @@ def test_rng_state_round_trips(tmp_path):
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from opsched.agents.callbacks import capture_rng, restore_rng
-    from opsched.agents.config import TrainConfig, load_machine_spec
+    from opsched.agents.config import TrainConfig
     from opsched.agents.environments import make_env
     from opsched.agents.train import build_model
+    from opsched.machine import get_machine
     from opsched.synthetic import generate
 
     g = generate("layered", 12, 1)
-    env = DummyVecEnv([lambda: make_env([g], [load_machine_spec("cpu:8:90:40"), load_machine_spec("knl-68")], 16)] * 2)
+    env = DummyVecEnv([lambda: make_env([g], [get_machine("cpu:8:90:40"), get_machine("knl-68")], 16)] * 2)
     model = build_model(TrainConfig(hyperparams="tiny").resolve(), env, seed=3)
     env.reset()
     state = json.loads(json.dumps(capture_rng(model)))     # through JSON, as in a checkpoint
@@ -171,12 +173,12 @@ def test_ctrl_c_leaves_a_loadable_checkpoint(tmp_path):
     assert proc.returncode == 130, out
     assert "checkpoint saved" in out and "Traceback" not in out
 
-    from opsched.agents import Run, load_model
+    from opsched.agents import Run, load_trained_model
 
     r = Run.open(run)
     cp = r.last_checkpoint()
     assert cp.steps >= 128
     assert json.loads(cp.state_file.read_text())["num_timesteps"] == cp.steps
-    model = load_model(cp.model)
+    model = load_trained_model(cp.model)
     assert model.policy is not None
     assert not (run / ".lock").exists()

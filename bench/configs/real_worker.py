@@ -69,12 +69,12 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
     """The callables to time, by name, and facts for the report."""
     import torch
 
-    from opsched.models import load_model
+    from opsched.specs import load_torch_model
 
     info: dict[str, Any] = {}
     if args.kind == "eager-1t":
         torch.set_num_threads(1)
-    module, inputs = load_model(f"zoo:{args.model}", args.batch)
+    module, inputs = load_torch_model(f"zoo:{args.model}", args.batch)
     info["torch_threads"] = torch.get_num_threads()
 
     if args.kind in ("eager", "eager-1t"):
@@ -123,7 +123,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
             plan = Plan.load(path)
             backend.compile(graph, plan)  # validates against this graph and machine
             if args.kind == "opsched":
-                fns[path.stem] = (lambda p: lambda: backend.execute(graph, p, *inputs))(plan)
+                fns[path.stem] = (lambda p: lambda: backend.execute(graph, p, inputs))(plan)
             else:
                 fns[path.stem] = (lambda p: lambda: backend.run(graph, p))(plan)
         if not fns:

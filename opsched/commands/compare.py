@@ -29,10 +29,17 @@ from typing import Any
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, console_for, progress_option, want_progress
 from opsched.errors import OpschedError
 
 CSV_FIELDS = ("graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
@@ -81,27 +88,6 @@ def command_line(params: dict[str, Any]) -> str:
     return shlex.join(parts)
 
 
-MODELS = ("auto", "analytic", "fitted")
-
-
-def model_for(choice: str, machine: Any, backend_name: str) -> Any:
-    """The performance model the policies plan with (and the simulator runs).
-
-    ``auto``: on a real backend, the model fitted to this machine's cached
-    profiles when there are any (``opsched profile``), else the analytic one;
-    on the simulator, the analytic model, so a preset's figures do not depend
-    on which profiles happen to be cached.  ``fitted`` insists on profiles."""
-    from opsched.backends.perfmodel import default_model
-
-    if choice not in MODELS:
-        raise OpschedError(f"compare: --model must be one of {', '.join(MODELS)}, got {choice!r}")
-    if choice == "analytic" or (choice == "auto" and backend_name == "sim"):
-        return default_model()
-    from opsched.backends.fitted import FittedModel, fitted_or_analytic
-
-    return FittedModel.from_cache(machine) if choice == "fitted" else fitted_or_analytic(machine)
-
-
 def _time_of(trace: Any, measured: bool) -> float:
     """A real run's wall time when the backend recorded one, else its makespan."""
     if measured and "wall_s" in trace.meta:
@@ -135,20 +121,28 @@ def _framework_of_backend(name: str) -> str:
 
 def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_spec: str, *, batch: int = 1,
                 width: float = 1.0, repeats: int | None = None, warmup: int = 1, out: str | Path = "runs",
-                seed: int = 0, noise: float = 0.0, search_trials: int = 100, gantt: bool = True,
-                model: str = "auto", command: str = "",
+                seed: int = 0, noise: float = 0.0, search_trials: int = 100, gantt: str = "best",
+                perf_model: str = "auto", command: str = "", progress: bool = True,
                 console: Console | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Run the comparison and write the run folder; returns (folder, result rows)."""
-    from opsched.backends.registry import get_backend
-    from opsched.backends.sim import cached_fingerprint, lower_bound
+    from opsched.backends.registry import BACKENDS, get_backend
+    from opsched.engine.sim import cached_fingerprint, lower_bound
     from opsched.io import atomic_write_text, next_run_dir
     from opsched.machine import get_machine
-    from opsched.models import load_graph
+    from opsched.planning import describe, planning_model
     from opsched.policies import expand_names, get_policy, timed_plan
+    from opsched.specs import load_graph
+    from opsched.timing import Timings, interleave
 
     console = console or Console()
     if batch < 1 or width <= 0 or warmup < 0 or (repeats is not None and repeats < 1):
         raise OpschedError("compare: --batch and --repeats must be >= 1, --width > 0, --warmup >= 0")
+    if search_trials < 1:
+        raise OpschedError(f"compare: --search-trials must be >= 1, got {search_trials}")
+    if gantt not in GANTT:
+        raise OpschedError(f"compare: --gantt must be one of {', '.join(GANTT)}, got {gantt!r}")
+    if backend_name not in BACKENDS:
+        raise OpschedError(f"compare: unknown backend {backend_name!r}; choose from {', '.join(BACKENDS)}")
     machine = get_machine(machine_name)
     cached_fingerprint(machine)
     if backend_name != "sim" and machine.name != "local":
@@ -159,20 +153,20 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         names.insert(0, "sequential")
     kwargs = {"random": {"seed": seed}, "search": {"n_trials": search_trials, "seed": seed}}
     policies = _distinct_names([get_policy(n, **kwargs.get(n, {})) for n in names])
-    model_name = model
-    model = model_for(model_name, machine, backend_name)
+    model = planning_model(machine, backend_name, perf_model)
     backend_kwargs = {"model": model, "noise": noise, "seed": seed} if backend_name == "sim" else {}
+    rounds_load: list[float] = []
     with get_backend(backend_name, machine, **backend_kwargs) as backend:
-        measured = bool(getattr(backend, "measured", False))
+        measured = backend.measured
         if repeats is None:
             repeats = 5 if measured or noise > 0 else 1
         results: dict[str, list[Result]] = {}
         bounds: dict[str, float] = {}
         loaded = []
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=False)
-        with progress:
-            t_load = progress.add_task("loading graphs", total=len(graphs))
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TimeRemainingColumn(), console=console, transient=False, disable=not progress)
+        with bar:
+            t_load = bar.add_task("loading graphs", total=len(graphs))
             for spec in graphs:
                 graph = load_graph(spec, batch=batch, width=width, seed=seed)
                 if measured and graph.source is None:
@@ -185,57 +179,85 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                 cached_fingerprint(graph)  # hashed once here, not inside the first policy's decision time
                 loaded.append((spec, graph))
                 bounds[spec] = float(lower_bound(graph, machine, model))
-                progress.advance(t_load)
+                bar.advance(t_load)
             run_dir = next_run_dir(out, "compare")  # only once every graph loaded: no empty folders
             atomic_write_text(run_dir / "command.txt", command + "\n")
-            t_plan = progress.add_task("planning", total=len(graphs) * len(policies))
+            t_plan = bar.add_task("planning", total=len(graphs) * len(policies))
             for spec, graph in loaded:
                 results[spec] = []
                 for pol in policies:
-                    progress.update(t_plan, description=f"planning {spec}: {pol.name}")
+                    bar.update(t_plan, description=f"planning {spec}: {pol.name}")
                     plan, dt = timed_plan(pol, graph, machine, model)
                     plan.save(run_dir / "plans" / f"{_safe(spec)}__{_safe(pol.name)}.json")
                     results[spec].append(Result(spec, pol.name, len(graph.ops), dt, plan=plan,
                                                 plan_meta=dict(plan.meta)))
-                    progress.advance(t_plan)
-            n_runs = len(graphs) * len(policies) * (repeats + (warmup if measured else 0))
-            t_run = progress.add_task(f"running on {backend_name}", total=n_runs)
+                    bar.advance(t_plan)
+            t_run = bar.add_task(f"running on {backend_name}",
+                                 total=len(graphs) * len(policies) * (repeats + (warmup if measured else 0)))
+            done = 0
             for spec, graph in loaded:
                 rows = results[spec]
-                traces: list[list[Any]] = [[] for _ in rows]
+                traces: dict[str, list[Any]] = {r.policy: [] for r in rows}
+
+                def run_once(r: Result, graph: Any = graph, traces: dict = traces) -> float:
+                    trace = backend.run(graph, r.plan)
+                    traces[r.policy].append(trace)
+                    return _time_of(trace, measured)
+
+                def step(i: int, total: int, spec: str = spec, before: int = done) -> None:
+                    bar.update(t_run, completed=before + i, description=f"running {spec}")
+
+                configs = {r.policy: (lambda r=r: run_once(r)) for r in rows}
+                t = interleave(configs, warmup if measured else 0, repeats, on_call=step,
+                               pids=backend.worker_pids() if hasattr(backend, "worker_pids") else ())
+                done += len(rows) * (repeats + (warmup if measured else 0))
+                for r in rows:
+                    r.times = t.samples[r.policy]
+                    timed = traces[r.policy][len(traces[r.policy]) - repeats:]  # the timed runs, not the warm-up
+                    r.trace = timed[int(np.argsort(r.times)[len(r.times) // 2])]
                 if measured:
-                    for r in rows:
-                        for _ in range(warmup):
-                            backend.run(graph, r.plan)
-                            progress.advance(t_run)
-                for k in range(repeats):
-                    for j in range(len(rows)):
-                        r = rows[(j + k) % len(rows)]  # round-robin, rotated each round
-                        progress.update(t_run, description=f"running {spec}: {r.policy} ({k + 1}/{repeats})")
-                        trace = backend.run(graph, r.plan)
-                        r.times.append(_time_of(trace, measured))
-                        traces[(j + k) % len(rows)].append(trace)
-                        progress.advance(t_run)
-                for r, ts in zip(rows, traces):
-                    r.trace = ts[int(np.argsort(r.times)[len(r.times) // 2])]
-            if gantt:
-                t_plot = progress.add_task("Gantt charts", total=len(graphs) * len(policies))
-                for spec, graph in loaded:
-                    for r in results[spec]:
-                        r.trace.plot(run_dir / "gantt" / f"{_safe(spec)}__{_safe(r.policy)}.png", graph,
-                                     title=f"{spec} / {r.policy} on {machine.name} ({backend_name}): "
-                                           f"{r.median * 1e3:.3g} ms")
-                        progress.advance(t_plot)
+                    rounds_load += t.others_cores
+            plots = _gantt_rows(results, gantt)
+            if plots:
+                t_plot = bar.add_task("Gantt charts", total=len(plots))
+                for r in plots:
+                    graph = dict(loaded)[r.graph]
+                    r.trace.plot(run_dir / "gantt" / f"{_safe(r.graph)}__{_safe(r.policy)}.png", graph,
+                                 title=f"{r.graph} / {r.policy} on {machine.name} ({backend_name}): "
+                                       f"{r.median * 1e3:.3g} ms")
+                    bar.advance(t_plot)
     rows = _rows(results, bounds, backend_name, machine.name, repeats)
+    timings = Timings({}, rounds_load) if rounds_load else None
+    load = timings.load_record() if timings is not None else None
     _write(run_dir, rows, results, dict(graphs=graphs, machine=machine.to_dict(), backend=backend_name,
                                        policies=names, batch=batch, width=width, repeats=repeats,
                                        warmup=warmup if measured else 0, seed=seed, noise=noise,
-                                       model=type(model).__name__, model_choice=model_name,
+                                       perf_model=describe(model), perf_model_choice=perf_model, load=load,
                                        command=command, python=platform.python_version()))
-    _print_tables(console, rows, results, machine.name, backend_name, measured)
-    console.print(f"policies planned with the {type(model).__name__} performance model ({model_name})")
+    _print_tables(console, rows, results, machine.name, backend_name, measured, len(machine.gpus))
+    console.print(f"policies planned with the {describe(model)} performance model (--perf-model {perf_model})")
+    if timings is not None and timings.warning():
+        console.print(f"[bold yellow]warning:[/bold yellow] {timings.warning()}")
     console.print(f"results in [bold]{run_dir}[/bold]")
     return run_dir, rows
+
+
+#: ``--gantt`` choices: none, the fastest plan per graph and sequential's, or every plan.
+GANTT = ("none", "best", "all")
+
+
+def _gantt_rows(results: dict[str, list[Result]], which: str) -> list[Result]:
+    """The results whose Gantt charts are drawn: ``best`` = per graph the fastest
+    plan (and sequential, to compare with), ``all`` = every one."""
+    if which == "none":
+        return []
+    if which == "all":
+        return [r for rs in results.values() for r in rs]
+    out = []
+    for rs in results.values():
+        best = min(rs, key=lambda r: r.median)
+        out += [r for r in rs if r is best or (r.policy == "sequential" and r is not best)]
+    return out
 
 
 def _rows(results: dict[str, list[Result]], bounds: dict[str, float], backend: str, machine: str,
@@ -315,10 +337,12 @@ def _speedup_png(rows: list[dict[str, Any]]) -> bytes:
 
 
 def _print_tables(console: Console, rows: list[dict[str, Any]], results: dict[str, list[Result]],
-                  machine: str, backend: str, measured: bool) -> None:
+                  machine: str, backend: str, measured: bool, gpus: int = 0) -> None:
     for spec in results:
         mine = [r for r in rows if r["graph"] == spec]
-        t = Table(title=f"{spec} on {machine} ({backend}, {mine[0]['n_ops']} ops)")
+        t = Table(title=f"{spec} on {machine} ({backend}, {mine[0]['n_ops']} ops)",
+                  caption=("spread: half the interquartile range of the repeats" if mine[0]["repeats"] > 1
+                           else "spread: - (one simulated run is exact; --noise and --repeats add spread)"))
         for col in ("policy", "makespan ms" + (" (median)" if measured else ""), "spread", "speedup",
                     "/ lower bound", "decision ms"):
             t.add_column(col, justify="left" if col == "policy" else "right")
@@ -339,37 +363,44 @@ def _print_tables(console: Console, rows: list[dict[str, Any]], results: dict[st
     for g in [*graphs, "geomean"]:
         t.add_row(g, *(f"{speed[g, p]:.2f}x" for p in policies), style="bold" if g == "geomean" else None)
     console.print(t)
+    if "maestro" in policies and not gpus:
+        console.print("maestro places layers across GPUs (NN Maestro); on a machine without GPUs it runs "
+                      "every op in order on the CPU, like sequential")
 
 
 @app.command("compare")
 def compare_cmd(
     ctx: typer.Context,
-    graphs: str = typer.Option("zoo:inception,zoo:randwire", "--graphs", "-g",
-                               help="Comma-separated graphs: zoo:NAME, synthetic:FAMILY, or graph JSON files."),
-    machine: str = typer.Option("local", "--machine", "-m", help="A preset name, 'local', or a machine YAML."),
-    backend: str = typer.Option("sim", "--backend", "-b", help="sim, torch-cpu, torch-cuda or tf."),
+    model: str = typer.Option("zoo:inception,zoo:randwire", "--model", "-m",
+                              help="Comma-separated networks or graphs: zoo:NAME[@BxW], keras:NAME, "
+                                   "synthetic:FAMILY[:n=N], FAMILY:N:SEED, graph .json files, module.py:factory."),
+    machine: str = typer.Option("local", "--machine", help="local, a preset (knl-68, xeon-8180-2s, dgx1-4v100, "
+                                "2x2080ti, 4xa6000), a machine YAML, or cpu:CORES:GFLOPS:GBS[:SOCKETS]."),
+    backend: str = typer.Option("sim", "--backend", help="sim, torch-cpu, torch-cuda or tf."),
     policies: str = typer.Option("all", "--policies", "-p",
-                                 help="Comma-separated policy names; 'all' = every heuristic; "
-                                      "'search' or an exported policy path may be added."),
-    batch: int = typer.Option(1, "--batch", help="Batch size of the zoo models."),
+                                 help="Comma-separated policy names; 'all' = every heuristic and the shipped "
+                                      "learned policy; 'search' or an exported policy path may be added."),
+    batch: int = typer.Option(1, "--batch", "-b", help="Batch size of the zoo models."),
     width: float = typer.Option(1.0, "--width", help="Width multiplier of the zoo models."),
-    repeats: int | None = typer.Option(None, "--repeats",
+    repeats: int | None = typer.Option(None, "--repeats", "-r",
                                        help="Timed runs per policy (default 5 on real backends, 1 on sim)."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed runs per policy first (real backends)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Parent folder of the compare_<N> run folder."),
     seed: int = typer.Option(0, "--seed", help="Seed for graphs, random plans, search and sim noise."),
     noise: float = typer.Option(0.0, "--noise", help="Simulator measurement noise (relative std)."),
-    search_trials: int = typer.Option(100, "--search-trials", help="Trial budget of the 'search' policy."),
-    gantt: bool = typer.Option(True, "--gantt/--no-gantt", help="Draw a Gantt chart per policy and graph."),
-    model: str = typer.Option("auto", "--model",
-                              help="Performance model the policies plan with: auto (fitted to this machine's "
-                                   "cached profiles on real backends, analytic on sim), analytic, or fitted."),
+    search_trials: int = typer.Option(100, "--search-trials", help="Trial budget of the 'search' policy (>= 1)."),
+    gantt: str = typer.Option("best", "--gantt", help="Gantt charts: best (per graph the fastest plan and "
+                              "sequential), all, or none."),
+    perf_model: str = typer.Option("auto", "--perf-model",
+                                   help="Planning model: auto (this machine's profiles plus the runtime model on "
+                                        "real backends, analytic on sim), analytic, or fitted."),
+    progress: bool | None = progress_option(),
 ) -> None:
     """Compare scheduling policies on graphs: makespan, speedup, distance to the lower bound."""
     params = {k: v for k, v in ctx.params.items()}
-    specs = list(dict.fromkeys(g.strip() for g in graphs.split(",") if g.strip()))
+    specs = list(dict.fromkeys(g.strip() for g in model.split(",") if g.strip()))
     if not specs:
-        raise OpschedError("compare: --graphs names no graph")
+        raise OpschedError("compare: --model names no graph")
     run_compare(specs, machine, backend, policies, batch=batch, width=width, repeats=repeats, warmup=warmup,
-                out=out, seed=seed, noise=noise, search_trials=search_trials, gantt=gantt, model=model,
-                command=command_line(params))
+                out=out, seed=seed, noise=noise, search_trials=search_trials, gantt=gantt, perf_model=perf_model,
+                command=command_line(params), progress=want_progress(progress), console=console_for())

@@ -89,7 +89,7 @@ def maestro_train_cmd(
                                                                  class_weight="balanced")), Xa, ya, cv=folds)
         holdout = []
         if zoo:
-            from opsched.models import load_graph
+            from opsched.specs import load_graph
             from opsched.zoo import ZOO
 
             zjobs = [(name, b, m) for name in ZOO for b in (1, 8) for m in mach]

@@ -1,26 +1,36 @@
-"""``opsched profile MODEL``: time every op of a model alone at each thread count.
+"""``opsched profile MODEL``: measure a model's ops and this machine's runtime, for planning.
 
-Runs :func:`opsched.backends.profiler.profile_graph` with a progress bar,
-prints the ops that take longest and how they scale from 1 to the most
-threads, and says where the cached profile is (reused next time unless
-``--refresh``)."""
+Two steps, both cached under ``--out`` (``runs/profiles``) and reused by
+every later plan on this machine (:func:`opsched.planning.planning_model`):
+
+1. every op alone at 1, 2, 4 ... threads, plus co-run pairs
+   (:func:`opsched.backends.profiler.profile_graph`) - the performance model;
+2. a set of whole plans of the model run on the PyTorch CPU runtime, and the
+   runtime model refitted on every such measurement of this machine
+   (:func:`opsched.backends.runtime_fit.calibrate`) - what the runtime adds
+   (hand-offs, OpenMP spin windows and teams, in-situ op costs).
+
+The command prints the slowest ops, how they scale, the runtime model and
+how well the planning model now predicts this model's measured plans.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, console_for, progress_option, want_progress
 
 
 @app.command("profile")
 def profile_cmd(
-    model: str = typer.Argument(..., help="Model spec: zoo:NAME, path/to/module.py:factory (a torch model)."),
+    model_arg: str = typer.Argument(None, metavar="[MODEL]", help="The network (same as --model)."),
+    model: str = typer.Option(None, "--model", "-m", help="The network: zoo:NAME or path/to/module.py:factory "
+                              "(a torch model)."),
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="Batch size."),
-    width: float = typer.Option(1.0, "--width", "-w", min=0.01, help="Channel / hidden-size multiplier."),
+    width: float = typer.Option(1.0, "--width", min=0.01, help="Channel / hidden-size multiplier."),
     seed: int = typer.Option(0, "--seed", help="Seed for the weights."),
     refresh: bool = typer.Option(False, "--refresh", help="Measure again even when a cached profile exists."),
     repeats: int = typer.Option(30, "--repeats", "-r", min=1, help="Most timed calls per op and thread count "
@@ -29,16 +39,26 @@ def profile_cmd(
     threads: str = typer.Option(None, "--threads", help="Thread counts to measure, e.g. '1,2' "
                                 "(default: 1, 2, 4, ... up to this machine's cores)."),
     no_interference: bool = typer.Option(False, "--no-interference", help="Skip the co-run pair measurements."),
+    runtime: bool = typer.Option(True, "--runtime/--no-runtime", help="Also measure whole plans and refit this "
+                                 "machine's runtime model (about a minute; needs a PyTorch model)."),
+    runtime_plans: int = typer.Option(16, "--runtime-plans", min=4, help="Plans measured for the runtime model."),
     out: Path = typer.Option(Path("runs/profiles"), "--out", "-o", help="Profile cache folder."),
     top: int = typer.Option(15, "--top", min=1, help="How many ops to list."),
+    progress: bool | None = progress_option(),
 ) -> None:
-    """Profile each op of MODEL alone on real tensors at 1, 2, 4, ... threads (cached)."""
+    """Profile each op of MODEL alone on real tensors at 1, 2, 4, ... threads, then fit the runtime model on
+    measured plans (both cached and used by every later plan on this machine)."""
     from opsched.backends.profiler import cache_path, profile_graph
     from opsched.errors import OpschedError
     from opsched.machine import Machine
-    from opsched.models import load_graph
+    from opsched.specs import load_graph
 
-    console = Console()
+    spec = model or model_arg
+    if not spec:
+        raise OpschedError("profile: name the network, e.g. `opsched profile zoo:resnet50` (or --model)")
+    if model and model_arg and model != model_arg:
+        raise OpschedError(f"profile: two networks named ({model_arg!r} and --model {model!r}); give one")
+    console = console_for()
     levels = None
     if threads:
         try:
@@ -46,14 +66,23 @@ def profile_cmd(
         except ValueError:
             raise OpschedError(f"--threads {threads!r}: expected comma-separated integers such as 1,2") from None
     machine = Machine.probe()
-    with console.status(f"importing {model}"):
-        graph = load_graph(model, batch=batch, width=width, seed=seed)
+    with console.status(f"importing {spec}"):
+        graph = load_graph(spec, batch=batch, width=width, seed=seed)
     path = cache_path(graph, machine, out)
     before = path.stat().st_mtime_ns if path.exists() else None
     prof = profile_graph(graph, machine, threads=levels, warmup=warmup, repeats=repeats, refresh=refresh,
-                         cache_dir=out, interference=not no_interference, console=console)
-    lo, hi = min(prof.levels), max(prof.levels)
+                         cache_dir=out, interference=not no_interference, progress=want_progress(progress),
+                         console=console_for(stderr=True))
+    _print_profile(console, graph, machine, prof, top)
+    reused = before is not None and path.exists() and path.stat().st_mtime_ns == before
+    state = "reused the cached profile (--refresh to measure again)" if reused else "profile written to"
+    console.print(f"{state} [bold]{path}[/bold]")
+    if runtime:
+        _calibrate(console, spec, graph, batch, width, seed, machine, out, runtime_plans, progress)
 
+
+def _print_profile(console, graph, machine, prof, top: int) -> None:  # noqa: ANN001
+    lo, hi = min(prof.levels), max(prof.levels)
     table = Table(title=f"{graph.name}: {len(graph.ops)} ops on {machine.name} "
                         f"({machine.cpu.cores} cores), top {min(top, len(graph.ops))} by time at {lo} thread(s)")
     table.add_column("op", no_wrap=True)
@@ -62,8 +91,7 @@ def profile_cmd(
         table.add_column(f"{k} thr (µs)", justify="right")
     table.add_column("IQR", justify="right")
     table.add_column(f"speed-up {lo}->{hi}", justify="right")
-    ranked = sorted(prof.ops.values(), key=lambda p: -p.median[lo])
-    for p in ranked[:top]:
+    for p in sorted(prof.ops.values(), key=lambda p: -p.median[lo])[:top]:
         q25, q75 = p.quartiles[lo]
         table.add_row(p.id, p.kind, *(f"{p.median[k] * 1e6:.1f}" for k in prof.levels),
                       f"{(q75 - q25) / p.median[lo]:.0%}", f"{p.speedup(hi):.2f}x")
@@ -73,14 +101,45 @@ def profile_cmd(
     contended = sum(p.others_cores > 0.25 for p in prof.ops.values())
     if contended:
         console.print(f"[yellow]{contended} of {len(prof.ops)} ops were measured while other processes used "
-                      "more than a quarter of a core; their multi-thread times are pessimistic - re-run with "
-                      "--refresh on a quieter machine[/yellow]")
+                      "more than a quarter of a core; their multi-thread times are pessimistic, and a profile "
+                      "measured mostly under load is not planned with - re-run with --refresh on a quieter "
+                      "machine[/yellow]")
     inter = prof.interference
     if inter and inter.get("fit"):
         fit = inter["fit"]
         factors = ", ".join(f"{k} {v:.2f}x" for k, v in inter.get("class_factors", {}).items())
         console.print(f"co-run slowdown ({fit['n_pairs']} pairs): {factors}; fitted c0={fit['c0']:.3f} "
                       f"gamma={fit['gamma']:.2f} B={fit['bandwidth_gbs']:.1f} GB/s")
-    reused = before is not None and path.exists() and path.stat().st_mtime_ns == before
-    state = "reused the cached profile (--refresh to measure again)" if reused else "profile written to"
-    console.print(f"{state} [bold]{path}[/bold]")
+
+
+def _calibrate(console, spec: str, graph, batch: int, width: float, seed: int, machine, out: Path,  # noqa: ANN001
+               n_plans: int, progress: bool | None) -> None:
+    """Step 2: measure whole plans, refit and save the runtime model, show how well it predicts them."""
+    import numpy as np
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from opsched.backends.runtime import PlanningModel
+    from opsched.backends.runtime_fit import GraphRef, calibrate, runtime_path, simulate
+    from opsched.planning import planning_model
+
+    if graph.source is None or type(graph.source).__name__ != "TorchSource":
+        console.print("[yellow]runtime model: skipped (it is fitted on a PyTorch model's measured plans)[/yellow]")
+        return
+    cpu = machine.cpu_only()
+    perf = planning_model(cpu, "torch-cpu", "fitted", out)
+    perf = perf.perf if isinstance(perf, PlanningModel) else perf
+    rounds = 3
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console_for(stderr=True), disable=not want_progress(progress), transient=True) as bar:
+        task = bar.add_task(f"runtime: measuring {n_plans} plans of {graph.name}", total=rounds)
+        model, runs = calibrate(graph, GraphRef(spec, batch, width, seed), cpu, perf, n_plans=n_plans,
+                                rounds=rounds, cache_dir=out,
+                                on_round=lambda r: bar.update(task, completed=r))
+    mine = next(r for r in runs if r.graph.fingerprint() == graph.fingerprint())
+    sims = simulate(mine.graph, cpu, PlanningModel(perf, model), mine.plans)
+    err = np.array([abs(sims[p] - mine.measured(p)) / mine.measured(p) for p in mine.plans])
+    fields = ", ".join(f"{k}={v:.3g}" for k, v in model.to_dict().items() if k not in ("backend", "fitted_on"))
+    console.print(f"runtime model (fitted on {len(runs)} model(s), {sum(len(r.plans) for r in runs)} plans): {fields}")
+    console.print(f"planning model vs {len(mine.plans)} measured plans of {graph.name}: median error "
+                  f"{np.median(err):.1%} (in-sample: these plans were fitted on)")
+    console.print(f"runtime model written to [bold]{runtime_path(cpu, 'torch-cpu', out)}[/bold]")

@@ -19,36 +19,41 @@ vector of length ``ActionLayout(max_nodes).n`` in this order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: The most devices a machine may have for the env (host CPU + 7 GPUs).
 MAX_DEVICES = 8
 #: The most thread levels per device (1, 2, 4, ..., 64, all cores) = 8.
 MAX_LEVELS = 8
+#: Flat actions per op slot (devices x levels).
+PER_SLOT = MAX_DEVICES * MAX_LEVELS
 
 #: The observation's keys (a gymnasium ``Dict`` of ``Box``es), with shapes for
 #: ``N = max_nodes`` and ``E = max_edges``:
 #: node_static (N, len(STATIC_FEATURES)) float32, node_dynamic (N, len(DYNAMIC_FEATURES))
 #: float32, node_mask (N,) float32, edge_index (2, E) int64 (row 0 source slot, row 1
 #: target slot; padding 0), edge_mask (E,) float32, hardware (MAX_DEVICES,
-#: len(HARDWARE_FEATURES)) float32, globals (len(GLOBAL_FEATURES),) float32.
-OBS_KEYS: tuple[str, ...] = (
-    "node_static", "node_dynamic", "node_mask", "edge_index", "edge_mask", "hardware", "globals",
-)
-#: The optional per-op time curve over the CPU's thread levels (N, MAX_LEVELS)
+#: len(HARDWARE_FEATURES)) float32, globals (len(GLOBAL_FEATURES),) float32, and
+#: node_levels: the per-op time curve over the CPU's thread levels (N, MAX_LEVELS)
 #: float32 in [-1, 1]: ``log2(t(1) / t(k_l)) / 7`` per op and CPU thread level
 #: ``k_l`` (0 for padding and absent levels); see
-#: :func:`opsched.envs.features.level_features`.  Training adds it by default
-#: (``agents.environments.LevelTimes``); an exported policy records whether it
-#: reads it and the numpy scheduler computes it the same way.
+#: :func:`opsched.engine.observe.level_features`.  Why: the best thread count
+#: is where an op's time curve bottoms out, and ``node_static`` gives only two
+#: points of it (1 thread and all cores).  An exported policy records whether
+#: it reads it.
 LEVEL_KEY = "node_levels"
+OBS_KEYS: tuple[str, ...] = (
+    "node_static", "node_dynamic", "node_mask", "edge_index", "edge_mask", "hardware", "globals", LEVEL_KEY,
+)
 #: Default padding: edges per node slot when ``max_edges`` is not given.
 EDGES_PER_NODE = 4
 
 #: "reference" below is the graph's sequential makespan (every op alone, one
 #: after another, with all CPU cores) in the simulator -- the reward reference
 #: of simulated episodes; observations use it in real mode too.  All columns
-#: lie in [0, 1] (values are clipped where noted).
+#: lie in [0, 1] (values are clipped where noted) but node_levels' [-1, 1].
 #: Per-op static features (columns of obs["node_static"]).
 STATIC_FEATURES: tuple[str, ...] = (
     # one-hot kind, 11 columns, in opsched.graph.OP_KINDS order
@@ -92,6 +97,34 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "frac_ready",         # ready ops / ops
     "log_nodes",          # log2(ops in the (coarsened) graph) / 10, clipped to 1
 )
+
+
+def obs_shapes(max_nodes: int, max_edges: int) -> dict[str, tuple[int, ...]]:
+    """The logical shape of each observation key (see :data:`OBS_KEYS`).
+
+    The Gymnasium environment hands every key over flattened (row-major 1-D
+    ``Box``es: what SB3's and Gymnasium's checkers expect of a Dict space);
+    :func:`unflatten_obs` restores these shapes."""
+    n, e = int(max_nodes), int(max_edges)
+    return {
+        "node_static": (n, len(STATIC_FEATURES)), "node_dynamic": (n, len(DYNAMIC_FEATURES)), "node_mask": (n,),
+        "edge_index": (2, e), "edge_mask": (e,), "hardware": (MAX_DEVICES, len(HARDWARE_FEATURES)),
+        "globals": (len(GLOBAL_FEATURES),), LEVEL_KEY: (n, MAX_LEVELS),
+    }
+
+
+def flatten_obs(obs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every key as a 1-D array (row-major), as the environment observes."""
+    return {k: v.reshape(-1) for k, v in obs.items()}
+
+
+def unflatten_obs(obs: Mapping[str, Any], max_nodes: int, max_edges: int, batch: bool = False) -> dict[str, Any]:
+    """The observation with its logical shapes (numpy arrays or torch tensors;
+    already shaped ones pass unchanged); ``batch``: a leading batch axis."""
+    shapes = obs_shapes(max_nodes, max_edges)
+    if batch:
+        return {k: v.reshape(v.shape[0], *shapes[k]) if k in shapes else v for k, v in obs.items()}
+    return {k: v.reshape(shapes[k]) if k in shapes else v for k, v in obs.items()}
 
 
 @dataclass(frozen=True)

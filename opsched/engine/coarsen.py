@@ -34,7 +34,7 @@ from functools import cached_property
 
 import numpy as np
 
-from opsched.backends.perfmodel import TimeTable
+from opsched.engine.contracts import TimeTable
 from opsched.errors import GraphError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.plan import Assignment

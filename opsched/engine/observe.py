@@ -5,7 +5,7 @@ per (graph, machine, model, max_nodes), everything that does not change
 during an episode (coarsening, the simulator's tables, the reward reference,
 the padded static features and edges); :func:`observe` and
 :func:`action_mask` then read the simulator's state with a few vectorised
-numpy operations per step.  Column meanings live in :mod:`opsched.envs.spaces`.
+numpy operations per step.  Column meanings live in :mod:`opsched.engine.layout`.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.sim import RUNNING, SimState, SimStatic, lower_bound, prepare
-from opsched.envs.coarsen import Coarsening, coarsen
-from opsched.envs.spaces import (
+from opsched.engine.coarsen import Coarsening, coarsen
+from opsched.engine.layout import (
     DYNAMIC_FEATURES,
-    GLOBAL_FEATURES,
     HARDWARE_FEATURES,
+    LEVEL_KEY,
     MAX_DEVICES,
     MAX_LEVELS,
     STATIC_FEATURES,
-    ActionLayout,
+    obs_shapes,
 )
+from opsched.engine.sim import SimState, SimStatic, lower_bound, prepare
 from opsched.errors import GraphError, MachineError
 from opsched.graph import KIND_INDEX, OpGraph
 from opsched.machine import Machine
@@ -40,23 +40,22 @@ _NO_LEVEL = 1 << 30
 
 
 def observation_space(max_nodes: int, max_edges: int) -> gymnasium.spaces.Dict:  # noqa: F821
+    """The Dict of Boxes every ScheduleEnv with these sizes observes (keys:
+    :data:`OBS_KEYS`, each flattened row-major from :func:`~opsched.engine.layout.obs_shapes`)."""
     # gymnasium imported here, not at module level: the exported numpy scheduler
     # builds observations with this module where gymnasium is not installed.
     from gymnasium import spaces
 
-    """The Dict of Boxes every ScheduleEnv with these sizes observes."""
-    def unit(*shape: int) -> spaces.Box:
-        return spaces.Box(0.0, 1.0, shape=shape, dtype=np.float32)
-
-    return spaces.Dict({
-        "node_static": unit(max_nodes, len(STATIC_FEATURES)),
-        "node_dynamic": unit(max_nodes, len(DYNAMIC_FEATURES)),
-        "node_mask": unit(max_nodes),
-        "edge_index": spaces.Box(0, max(max_nodes - 1, 0), shape=(2, max_edges), dtype=np.int64),
-        "edge_mask": unit(max_edges),
-        "hardware": unit(MAX_DEVICES, len(HARDWARE_FEATURES)),
-        "globals": unit(len(GLOBAL_FEATURES)),
-    })
+    out = {}
+    for key, shape in obs_shapes(max_nodes, max_edges).items():
+        size = int(np.prod(shape))
+        if key == "edge_index":
+            out[key] = spaces.Box(0, max(max_nodes - 1, 0), shape=(size,), dtype=np.int64)
+        elif key == LEVEL_KEY:
+            out[key] = spaces.Box(-1.0, 1.0, shape=(size,), dtype=np.float32)
+        else:
+            out[key] = spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
+    return spaces.Dict(out)
 
 
 def check_machine(machine: Machine) -> None:
@@ -91,6 +90,7 @@ class EpisodeData:
     slots: np.ndarray           # (n_dev,) float
     mem_capacity: np.ndarray    # (n_dev,) bytes
     log_nodes: float
+    node_levels: np.ndarray     # (N, MAX_LEVELS) float32: level_features of the scheduled graph
     fits_cache: dict = field(default_factory=dict)  # free slots per device -> flat (device, level) fits
 
     @property
@@ -130,8 +130,10 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
         hw[d, _H["log_bandwidth"]] = min(max(math.log10(dev.mem_bandwidth_gbs) / 4.0, 0.0), 1.0)
         levels = dev.thread_levels()
         lt[d, : len(levels)] = levels
+    cpu_levels = static.table.levels[cpu]
+    node_levels = level_features(static.table.times[:, cpu, :len(cpu_levels)], cpu_levels, max_nodes)
     return EpisodeData(
-        graph=graph, machine=machine, coarsening=co, static=static, reference=reference,
+        graph=graph, machine=machine, coarsening=co, static=static, reference=reference, node_levels=node_levels,
         lower_bound=lower_bound(graph, machine, full.model), max_nodes=max_nodes,
         node_static=node_static, node_mask=node_mask, edge_index=edge_index, edge_mask=edge_mask,
         hw_static=hw, level_threads=lt, slots=np.array([d.cores for d in machine.devices], float),
@@ -157,18 +159,8 @@ def level_features(times: np.ndarray, levels: Sequence[int], max_nodes: int, max
     return out
 
 
-def episode_level_features(data: EpisodeData) -> np.ndarray:
-    """:func:`level_features` of an episode's scheduled (possibly coarsened)
-    graph, from its simulator tables: the ``node_levels`` observation, static
-    within the episode (:data:`opsched.envs.spaces.LEVEL_KEY`)."""
-    cpu = data.machine.device_index["cpu"]
-    table = data.static.table
-    levels = table.levels[cpu]
-    return level_features(table.times[:, cpu, :len(levels)], levels, data.max_nodes)
-
-
 def node_static_features(graph: OpGraph, static: SimStatic, machine: Machine, reference: float) -> np.ndarray:
-    """(n, len(STATIC_FEATURES)) float32; see :data:`opsched.envs.spaces.STATIC_FEATURES`."""
+    """(n, len(STATIC_FEATURES)) float32; see :data:`opsched.engine.layout.STATIC_FEATURES`."""
     n = len(graph.ops)
     out = np.zeros((n, len(STATIC_FEATURES)), np.float32)
     if n == 0:
@@ -274,6 +266,7 @@ class Observer:
             "edge_mask": data.edge_mask.copy(),
             "hardware": hw,
             "globals": globals_,
+            LEVEL_KEY: data.node_levels.copy(),
         }
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -286,7 +279,7 @@ class Observer:
         free, slots, mem, cap = st.free, self._slots, st.mem_bytes, self._mem_cap
         nd = len(slots)
         busy = [0.0] * nd
-        running = st._running
+        running = st.running
         if running:
             rows = list(running)
             rem = []
@@ -305,33 +298,3 @@ class Observer:
         now = st.now
         n = data.n
         return dyn, hw, np.array((now / (now + ref), st.n_done / n, st.n_ready / n, data.log_nodes), np.float32)
-
-
-def observe(data: EpisodeData, st: SimState) -> dict[str, np.ndarray]:
-    """The observation of simulator state ``st`` built from scratch (the
-    reference for :class:`Observer`, which the env uses)."""
-    n = data.n
-    obs = Observer(data, st)
-    status = np.fromiter(st.status, dtype=np.int64, count=n)
-    obs.dyn[:n, :4] = np.eye(4, dtype=np.float32)[status]
-    started = np.flatnonzero(status >= RUNNING)
-    for i in started:
-        obs.dyn[i, _D["device_frac"]] = (st.device[i] + 1) / MAX_DEVICES
-        obs.dyn[i, _D["threads_frac"]] = st.threads[i] / data.slots[st.device[i]]
-    return obs.observe()
-
-
-def action_mask(data: EpisodeData, st: SimState, layout: ActionLayout) -> np.ndarray:
-    """Joint boolean mask over the flat action space (see :class:`ActionLayout`):
-    (ready op, device, level) is valid when the device has that level's thread
-    count free; "wait" when some op is running.  (The reference for
-    :meth:`Observer.action_mask`, which the env uses.)"""
-    out = np.zeros(layout.n, dtype=bool)
-    ready = st.ready_ops()
-    if ready:
-        free = np.zeros(MAX_DEVICES, np.int64)
-        free[: len(st.free)] = st.free
-        fits = data.level_threads <= free[:, None]
-        out[:-1].reshape(data.max_nodes, MAX_DEVICES, MAX_LEVELS)[ready] = fits
-    out[-1] = st.n_running > 0
-    return out

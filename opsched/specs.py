@@ -1,19 +1,21 @@
-"""One place that turns a model *spec* string into a graph (or a torch module).
+"""One grammar for graphs, models and machines: every command, the training
+config, ``gym.make`` and the benchmarks name them the same way.
 
-Every command that takes a model (``--model``) goes through :func:`load_graph`,
-so the spec grammar is the same everywhere:
+Graph and model specs (:func:`load_graph`, :func:`load_model`):
 
 ==================================  ==========================================
-``zoo:NAME``                        a built-in zoo model (``opsched graphs``);
-                                    a bare zoo name works too
+``zoo:NAME[@BxW]``                  a built-in zoo model (``opsched graphs``), at
+                                    batch B and width W when given (else the
+                                    caller's ``batch`` / ``width``); a bare zoo
+                                    name works too
 ``synthetic:FAMILY[:k=v...]``       a random DAG: ``synthetic:layered:n=100:seed=3``
                                     (``n`` ops, default 100; other options go to
                                     the family, e.g. ``p=0.1``)
+``FAMILY:N:SEED[:k=v...]``          the same, short: ``layered:60:3``
 ``path/graph.json``                 a saved :class:`~opsched.graph.OpGraph`
-``keras:NAME[:side=N]``              a ``keras.applications`` model (``weights=None``,
+``keras:NAME[:side=N]``             a ``keras.applications`` model (``weights=None``,
                                     weights drawn from ``seed``), e.g.
-                                    ``keras:MobileNetV2`` or ``keras:ResNet50:side=128``
-                                    (square input side; default the model's own);
+                                    ``keras:MobileNetV2`` or ``keras:ResNet50:side=128``;
                                     ``--width`` is the model's ``alpha`` where it has one
 ``path/to/module.py:factory``       your own model: ``factory(batch)`` returns
                                     ``(nn.Module, example_inputs)``, or a built
@@ -22,18 +24,21 @@ so the spec grammar is the same everywhere:
                                     accepts them
 ==================================  ==========================================
 
+Machine specs (:func:`load_machine`, which is :func:`opsched.machine.get_machine`):
+``local`` (this machine, probed), a preset, a YAML file, or
+``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``.
+
 Torch models (zoo and ``.py``) import through
 :func:`opsched.importers.torch_fx.from_torch`, so their graphs carry an
-executable ``TorchSource``; Keras models (``keras:`` and ``.py``) through
-:func:`opsched.importers.tf_graph.from_keras`, so theirs carry a ``TFSource``
-(the ``tf`` backend runs them); JSON and synthetic graphs have none
-(simulation only).  :func:`load_any` returns either kind of model with its
-framework; :func:`load_model` insists on torch.  TensorFlow is imported only
-for Keras specs (or when a ``.py`` factory has imported it itself).
+executable ``TorchSource``; Keras models through
+:func:`opsched.importers.tf_graph.from_keras` (a ``TFSource``); JSON and
+synthetic graphs have none (simulation only).  TensorFlow is imported only for
+Keras specs (or when a ``.py`` factory has imported it itself).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -45,9 +50,13 @@ from typing import Any
 
 from opsched.errors import GraphError, ModelImportError
 from opsched.graph import OpGraph
+from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
-SPEC_KINDS = ("zoo:NAME, keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], a .json graph file, "
-              "or path/to/module.py:factory")
+#: The machine grammar; ``load_machine`` is :func:`opsched.machine.get_machine`.
+load_machine = get_machine
+
+SPEC_KINDS = ("zoo:NAME[@BxW], keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
+              "a .json graph file, or path/to/module.py:factory")
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class LoadedModel:
     inputs: tuple | None
     name: str
     spec: str
+    batch: int = 1
 
 
 def _available() -> str:
@@ -205,20 +215,35 @@ def _keras_application(spec: str, width: float, seed: int) -> Any:
         raise ModelImportError(f"model spec {spec!r}: keras.applications.{name}({kwargs}) failed: {exc}") from None
 
 
-def load_any(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> LoadedModel:
+def _zoo_size(spec: str, batch: int, width: float) -> tuple[str, int, float]:
+    """``zoo:NAME[@BxW]`` -> (NAME, batch, width); the spec's size wins over the caller's."""
+    name, _, size = spec[len("zoo:"):].partition("@")
+    if size:
+        try:
+            b, w = size.split("x")
+            batch, width = int(b), float(w)
+        except ValueError:
+            raise GraphError(f"graph spec {spec!r}: expected zoo:NAME@BATCHxWIDTH, e.g. zoo:resnet50@8x0.5") from None
+        if batch < 1 or not width > 0:
+            raise GraphError(f"graph spec {spec!r}: batch must be >= 1 and width > 0")
+    return name, batch, width
+
+
+def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> LoadedModel:
     """The torch module or Keras model of a zoo, ``keras:`` or ``.py`` spec, with its framework."""
     from opsched.zoo import ZOO, get_zoo_model
 
     spec = spec.strip()
     if spec.startswith("zoo:"):
-        module, inputs = get_zoo_model(spec[4:]).build(batch, width, seed)
-        return LoadedModel("torch", module, inputs, spec[4:], spec)
+        name, batch, width = _zoo_size(spec, batch, width)
+        module, inputs = get_zoo_model(name).build(batch, width, seed)
+        return LoadedModel("torch", module, inputs, name, spec, batch)
     if spec in ZOO and not Path(spec).exists():
         module, inputs = ZOO[spec].build(batch, width, seed)
-        return LoadedModel("torch", module, inputs, spec, spec)
+        return LoadedModel("torch", module, inputs, spec, spec, batch)
     if spec.startswith("keras:"):
         model = _keras_application(spec, width, seed)
-        return LoadedModel("keras", model, None, spec[len("keras:"):].split(":")[0], spec)
+        return LoadedModel("keras", model, None, spec[len("keras:"):].split(":")[0], spec, batch)
     py = _split_py(spec)
     if py is not None:
         path, factory = py
@@ -227,51 +252,89 @@ def load_any(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> Lo
         if "tensorflow" in sys.modules:  # a Keras factory: fresh layer names for each load
             sys.modules["tensorflow"].keras.backend.clear_session()
         framework, model, inputs = _call_factory(fn, f"{path}:{factory}", batch, width, seed)
-        return LoadedModel(framework, model, inputs, factory, spec)
+        return LoadedModel(framework, model, inputs, factory, spec, batch)
     raise ModelImportError(f"model spec {spec!r} is not a torch model or a Keras model; {_available()}")
 
 
-def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
+def load_torch_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
     """The torch module (eval mode) and example inputs of a zoo or ``.py`` spec."""
-    loaded = load_any(spec, batch, width, seed)
+    loaded = load_model(spec, batch, width, seed)
     if loaded.framework != "torch":
         raise ModelImportError(f"model spec {spec!r} is a Keras model, not a PyTorch one; it runs on the "
                                "TensorFlow backend (--backend tf)")
     return loaded.model, loaded.inputs
 
 
-def import_graph(loaded: LoadedModel, batch: int = 1) -> OpGraph:
+def import_graph(loaded: LoadedModel) -> OpGraph:
     """The OpGraph of a loaded model, with its executable source (torch FX or a frozen TF GraphDef)."""
     if loaded.framework == "keras":
         from opsched.importers.tf_graph import from_keras
 
-        return from_keras(loaded.model, batch=batch, name=loaded.name)
+        return from_keras(loaded.model, batch=loaded.batch, name=loaded.name)
     from opsched.importers.torch_fx import from_torch
 
     return from_torch(loaded.model, loaded.inputs, name=loaded.name)
 
 
-def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> OpGraph:
-    """The OpGraph a spec names (see the module docstring for the grammar)."""
+def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
+               cache_dir: str | Path | None = None) -> OpGraph:
+    """The OpGraph a spec names (see the module docstring for the grammar).
+
+    Zoo graphs are traced from real torch modules (seconds each); with
+    ``cache_dir`` their JSON is kept there, keyed by the spec, the size and the
+    importer sources, and reused -- such a graph carries no executable source
+    (simulation only: training and evaluation in the simulator)."""
+    from opsched.synthetic import FAMILIES, generate
     from opsched.zoo import ZOO
 
     if not isinstance(spec, str) or not spec.strip():
-        raise GraphError(f"empty model spec; {_available()}")
+        raise GraphError(f"empty graph spec; {_available()}")
     spec = spec.strip()
     if spec.startswith("synthetic:"):
-        from opsched.synthetic import generate
-
         family, *parts = spec[len("synthetic:"):].split(":")
         opts = _parse_options(parts, spec)
         n_ops = int(opts.pop("n", 100))
         s = int(opts.pop("seed", seed))
         return generate(family, n_ops, s, **opts)
+    head, *parts = spec.split(":")
+    if head in FAMILIES and len(parts) >= 2 and not Path(spec).exists():
+        try:
+            n_ops, s = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise GraphError(f"graph spec {spec!r}: expected FAMILY:N_OPS:SEED[:KEY=VALUE...]") from None
+        return generate(head, n_ops, s, **_parse_options(parts[2:], spec))
     if spec.endswith(".json"):
         return OpGraph.load(spec)
+    if spec.startswith("zoo:") and cache_dir is not None:
+        name, b, w = _zoo_size(spec, batch, width)
+        key = hashlib.sha256(f"zoo:{name}@{b}x{w}:{seed}|{_importer_hash()}".encode()).hexdigest()[:20]
+        path = Path(cache_dir) / f"{key}.json"
+        if path.is_file():
+            return OpGraph.load(path)
+        graph = import_graph(load_model(spec, batch, width, seed))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save(path)
+        return graph
     if (spec.startswith(("zoo:", "keras:")) or (spec in ZOO and not Path(spec).exists())
             or _split_py(spec) is not None):
-        return import_graph(load_any(spec, batch, width, seed), batch)
-    raise GraphError(f"unknown model spec {spec!r}; {_available()}")
+        return import_graph(load_model(spec, batch, width, seed))
+    raise GraphError(f"unknown graph spec {spec!r}; {_available()}")
 
 
-__all__ = ["LoadedModel", "import_graph", "load_any", "load_graph", "load_model", "SPEC_KINDS"]
+@functools.lru_cache(maxsize=1)
+def _importer_hash() -> str:
+    """A hash of the zoo and importer sources: a cached zoo graph is reused only
+    while the code that built it is unchanged."""
+    import opsched.importers
+    import opsched.zoo
+
+    h = hashlib.sha256()
+    for pkg in (opsched.zoo, opsched.importers):
+        for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "import_graph", "load_graph", "load_machine",
+           "load_model", "load_torch_model"]

@@ -1,0 +1,142 @@
+"""The engine's typed contracts: the time table, and the three plug-ins it plans with.
+
+* :class:`PerfModel` -- how long an op takes alone on a device with ``k``
+  threads, a transfer between devices, and how co-running ops slow each other
+  (``opsched.backends.perfmodel.AnalyticModel``, ``opsched.backends.fitted.FittedModel``).
+* :class:`RuntimeModel` -- what a real backend adds beyond the ops' own times:
+  in-situ op costs, hand-offs between its threads, OpenMP spin windows and
+  teams, launch costs.  Fitted by ``opsched profile`` per backend and machine
+  (``opsched.backends.runtime``); the simulator takes it as a plug-in.
+* :class:`Backend` -- executes a Plan (``run`` -> Trace; ``execute`` -> outputs),
+  the simulator and every real runtime alike.
+
+A performance model carries its runtime model (``runtime``; ``None`` for a
+model of ops alone), so a policy and the simulator plan with one object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from opsched.graph import Op, OpGraph
+    from opsched.machine import Device, Machine
+    from opsched.plan import Plan
+    from opsched.trace import Trace
+
+
+@dataclass(frozen=True)
+class TimeTable:
+    """Predicted op times for one graph on one machine.
+
+    ``times[i, d, l]``: seconds for op ``i`` on device ``d`` at thread level
+    ``levels[d][l]``; ``inf`` where level ``l`` does not exist for device ``d``.
+    """
+
+    times: np.ndarray
+    levels: tuple[tuple[int, ...], ...]
+    device_ids: tuple[str, ...]
+
+    @cached_property
+    def level_index(self) -> tuple[dict[int, int], ...]:
+        return tuple({t: k for k, t in enumerate(lv)} for lv in self.levels)
+
+    def time(self, op_index: int, device_index: int, threads: int) -> float:
+        return float(self.times[op_index, device_index, self.level_index[device_index][threads]])
+
+    def fastest(self) -> np.ndarray:
+        """Each op's fastest time over every device and thread level."""
+        return self.times.min(axis=(1, 2))
+
+    def on(self, device_index: int, threads: int) -> np.ndarray:
+        """Every op's time on one device at one thread count."""
+        return self.times[:, device_index, self.level_index[device_index][threads]]
+
+
+@runtime_checkable
+class RuntimeModel(Protocol):
+    """What a real backend adds to a plan's run beyond the ops' own times.
+
+    The four costs the simulator's event loop prices (0: not modelled; see
+    :mod:`opsched.engine.sim`): ``handoff_s`` waking a sleeping executor
+    thread an op is handed to; ``spin_s`` how long an OpenMP team's helpers
+    keep spinning on cores after a parallel region; ``team_overhead_s`` a
+    multi-threaded op's cost once several threads hold OpenMP teams;
+    ``thread_switch_s`` waking an idle OpenMP team."""
+
+    name: str
+    backend: str
+    handoff_s: float
+    spin_s: float
+    team_overhead_s: float
+    thread_switch_s: float
+
+    def op_times(self, graph: OpGraph, machine: Machine, table: TimeTable) -> TimeTable:
+        """The ops' times inside a run, from their profiled (alone, in a loop) ``table``."""
+
+    def op_time(self, op: Op, device: Device, alone_s: float) -> float:
+        """One op's time inside a run from its alone time (all its weights cold)."""
+
+    def corun_slowdown(self, device: Device, factors: Sequence[float], times: Sequence[float]) -> list[float]:
+        """Slowdown factors of ops co-running on ``device``, from the performance
+        model's ``factors`` and each op's alone seconds ``times``."""
+
+    def opens_parallel_region(self, op: Op) -> bool:
+        """Whether a multi-threaded run of ``op`` enters an OpenMP parallel region."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (saved beside the profiles)."""
+
+
+@runtime_checkable
+class PerfModel(Protocol):
+    """How long ops take: alone, in transfers, and co-running."""
+
+    name: str
+    #: What a real backend adds (None: the ops alone).
+    runtime: RuntimeModel | None
+
+    def op_time(self, op: Op, device: Device, threads: int) -> float:
+        """Seconds of ``op`` alone on ``device`` with ``threads``."""
+
+    def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
+        """Every op x device x thread level of ``machine``."""
+
+    def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
+        """Seconds to move ``nbytes`` from device ``src`` to ``dst``."""
+
+    def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
+        """Co-run interference: factors >= 1 of ops computing together on
+        ``device``, from each one's alone memory-bandwidth demand (GB/s)."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Executes Plans on one machine: the simulator or a real runtime.
+
+    ``run`` validates the plan against the graph and the machine (a plan for
+    another graph or machine raises :class:`~opsched.errors.PlanError`) and
+    returns what happened; ``execute`` returns the model's outputs for
+    ``inputs``.  Real backends hold threads or processes until ``close()``
+    (they are context managers)."""
+
+    name: str
+    measured: bool
+    machine: Machine
+
+    def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any] | None = None) -> Trace:
+        """Execute ``plan`` (on ``inputs``, default the graph's example inputs) and return its Trace."""
+
+    def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
+        """Execute ``plan`` on ``inputs`` and return the model's outputs."""
+
+    def close(self) -> None:
+        """Release threads, processes and devices (idempotent)."""
+
+
+__all__ = ["Backend", "PerfModel", "RuntimeModel", "TimeTable"]

@@ -1,0 +1,152 @@
+"""What a user plans with: the performance model, the backend's runtime model, the policy.
+
+One place decides the planning model for every command and benchmark
+(:func:`planning_model`): on a real backend, the model fitted to this
+machine's cached profiles joined to the backend's runtime model fitted by
+``opsched profile`` (:class:`~opsched.backends.runtime.PlanningModel`); the
+analytic model when nothing is cached or on the simulator's presets.  A
+profile measured while other processes used the cores is not used: it is
+skipped with a :class:`LoadWarning` naming it (profile again on a quieter
+machine).  Plans are cached per (policy, graph, machine, model)
+(:func:`plan_cached`).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from opsched.engine.contracts import PerfModel
+from opsched.errors import OpschedError
+from opsched.graph import OpGraph
+from opsched.machine import Machine
+from opsched.plan import Plan
+
+#: ``--perf-model`` choices.
+PERF_MODELS = ("auto", "analytic", "fitted")
+#: A profile whose ops were measured while other processes used more than this
+#: many cores (median over ops) is not planned with.
+LOADED_PROFILE_CORES = 0.25
+#: Real backends with a runtime model that ``opsched profile`` fits.
+RUNTIME_BACKENDS = ("torch-cpu",)
+
+
+class LoadWarning(UserWarning):
+    """A measurement was taken while other processes used the cores (the message says which)."""
+
+
+def default_cache_dir() -> Path:
+    from opsched.backends.profiler import DEFAULT_CACHE_DIR
+
+    return Path(DEFAULT_CACHE_DIR)
+
+
+def quiet_profiles(machine: Machine, cache_dir: str | Path | None = None) -> list[Any]:
+    """The cached profiles of this machine's CPU, without those measured under
+    load (each skipped one is named in a :class:`LoadWarning`)."""
+    import statistics
+
+    from opsched.backends.profiler import load_profiles
+
+    out = []
+    for prof in load_profiles(None, cache_dir or default_cache_dir()):
+        if not prof.matches_device(machine.cpu):
+            continue
+        others = statistics.median(o.others_cores for o in prof.ops.values()) if prof.ops else 0.0
+        if others > LOADED_PROFILE_CORES:
+            warnings.warn(f"not planning with the profile of {prof.graph_name!r}: other processes used "
+                          f"{others:.2f} cores (median over its ops) while it was measured; run `opsched "
+                          f"profile ... --refresh` on a quieter machine", LoadWarning, stacklevel=3)
+            continue
+        out.append(prof)
+    return out
+
+
+def planning_model(machine: Machine, backend: str = "torch-cpu", choice: str = "auto",
+                   cache_dir: str | Path | None = None) -> PerfModel:
+    """The model plans for ``backend`` on ``machine`` are made with.
+
+    ``choice``: ``analytic``; ``fitted`` (this machine's profiles, which must
+    exist, plus the backend's runtime model when ``opsched profile`` fitted
+    one); ``auto`` (``fitted`` when there are profiles and the backend is
+    real, else ``analytic`` - so the simulator's preset figures do not depend
+    on what happens to be cached)."""
+    from opsched.backends.perfmodel import AnalyticModel
+
+    if choice not in PERF_MODELS:
+        raise OpschedError(f"--perf-model must be one of {', '.join(PERF_MODELS)}, got {choice!r}")
+    if choice == "analytic" or (choice == "auto" and backend == "sim"):
+        return AnalyticModel()
+    from opsched.backends.fitted import FittedModel
+    from opsched.backends.runtime import PlanningModel
+    from opsched.backends.runtime_fit import load_runtime
+
+    cache = cache_dir or default_cache_dir()
+    profiles = quiet_profiles(machine, cache)
+    if not profiles:
+        if choice == "fitted":
+            raise OpschedError(f"--perf-model fitted: no usable profiles of this machine ({machine.fingerprint()}) "
+                               f"in {cache}; run `opsched profile zoo:resnet50` (or your model) first")
+        return AnalyticModel()
+    fitted = FittedModel(profiles)
+    runtime = load_runtime(machine, backend, cache) if backend in RUNTIME_BACKENDS else None
+    return PlanningModel(fitted, runtime) if runtime is not None else fitted
+
+
+def describe(model: PerfModel) -> str:
+    """The planning model in a few words, for tables and run records."""
+    words = {"analytic": "analytic (no usable profile)", "fitted": "fitted (cached profiles)"}
+    if model.runtime is not None:
+        return f"fitted (cached profiles) + {model.runtime.backend} runtime model"
+    return words.get(model.name, model.name)
+
+
+def resolve_policy(policy: Any) -> Any:
+    """A Policy as is; ``None`` the shipped pretrained policy; a Path an exported
+    policy folder; a string a registered name (``"critical-path-first"``) or an
+    exported policy's path."""
+    from opsched.policies import Policy, get_policy, load
+    from opsched.policies.exported import pretrained_path
+
+    if policy is None:
+        return load(pretrained_path())
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, Path):
+        return load(policy)
+    return get_policy(str(policy))
+
+
+def policy_key(policy: Any) -> str:
+    """What identifies a policy's decisions in the plan cache."""
+    digest = getattr(policy, "digest", None)
+    return f"{policy.name}:{digest}" if digest else policy.name
+
+
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+_PLANS_MAX = 64
+_LOCK = threading.Lock()
+
+
+def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
+    """``policy.plan(graph, machine, model)``, cached by policy, graph and
+    machine fingerprint and the model's name."""
+    key = (policy_key(policy), graph.fingerprint(), machine.fingerprint(), getattr(model, "name", None))
+    with _LOCK:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            _PLANS.move_to_end(key)
+            return hit
+    plan = policy.plan(graph, machine, model)
+    with _LOCK:
+        _PLANS[key] = plan
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+__all__ = ["PERF_MODELS", "LoadWarning", "describe", "plan_cached", "planning_model", "policy_key",
+           "quiet_profiles", "resolve_policy"]

@@ -1,0 +1,192 @@
+"""Timing real runs on a shared machine: warm up, interleave, medians, and the load they ran under.
+
+Every real timing in opsched (``opsched apply``, ``opsched compare`` on a real
+backend, the benchmarks) goes through :func:`interleave`: ``warmup`` untimed
+calls of each configuration, then ``repeats`` rounds that call every
+configuration once, starting one further along each round, so drift on a
+shared machine hits them alike.  Each round records how many cores *other*
+processes used meanwhile (:class:`ContentionMeter`), so a result can say it
+was measured under load instead of printing a speed-up that is noise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: A round during which other processes used more than this many cores (on
+#: average) is *loaded*; a result with loaded rounds in the majority says so.
+LOADED_CORES = 0.3
+
+
+class ContentionMeter:
+    """How many cores *other* processes used while we measured.
+
+    ``/proc/stat`` (all CPUs) minus ``/proc/self/stat`` (this process) over the
+    measurement gives the other processes' load.  ``children=True`` also counts
+    this process's children that ended and were waited for during the
+    measurement as ours; ``pids``: other live processes that work for us (a
+    backend's worker processes).  Returns 0 where /proc is missing (not Linux)."""
+
+    _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __init__(self, children: bool = False, pids: Iterable[int] = ()) -> None:
+        self.children = children
+        self.pids = tuple(pids)
+        self.others_cores = 0.0
+
+    @staticmethod
+    def _proc_ticks(path: str, children: bool) -> int:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        if children:
+            ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: waited-for children
+        return ticks
+
+    def _jiffies(self) -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(x) for x in f.readline().split()[1:]]
+            own = self._proc_ticks("/proc/self/stat", self.children)
+        except (OSError, ValueError, IndexError):
+            return None
+        for pid in self.pids:
+            try:
+                own += self._proc_ticks(f"/proc/{pid}/stat", False)
+            except (OSError, ValueError, IndexError):
+                pass  # a worker that ended: its time is gone from both counts alike
+        busy = sum(vals[:8]) - vals[3] - vals[4]  # all but idle and iowait (steal counts: another VM ran)
+        return busy, own
+
+    def __enter__(self) -> ContentionMeter:
+        self._t0, self._j0 = time.perf_counter(), self._jiffies()
+        self.others_cores = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        j1, wall = self._jiffies(), time.perf_counter() - self._t0
+        if self._j0 is None or j1 is None or wall <= 0:
+            return
+        others = (j1[0] - self._j0[0]) - (j1[1] - self._j0[1])
+        self.others_cores = max(0.0, others / self._HZ / wall)
+
+
+def loadavg() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def host_record() -> dict[str, Any]:
+    """Where a measurement was taken: platform, CPU count and load average now."""
+    return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "loadavg": loadavg()}
+
+
+def summary(xs: Iterable[float]) -> dict[str, float]:
+    """Median, quartiles, extremes and count of ``xs`` (non-finite values dropped;
+    NaN for an empty sample, never a warning)."""
+    a = sorted(x for x in xs if x is not None and math.isfinite(x))
+    if not a:
+        nan = float("nan")
+        return {"median": nan, "q1": nan, "q3": nan, "min": nan, "max": nan, "n": 0}
+    q = statistics.quantiles(a, n=4, method="inclusive") if len(a) > 1 else [a[0]] * 3
+    return {"median": float(statistics.median(a)), "q1": float(q[0]), "q3": float(q[2]), "min": float(a[0]),
+            "max": float(a[-1]), "n": len(a)}
+
+
+@dataclass
+class Timings:
+    """Seconds per call of each configuration, and the load of each round."""
+
+    samples: dict[str, list[float]]
+    others_cores: list[float] = field(default_factory=list)   # per round
+    loadavg_start: tuple[float, float, float] | None = None
+    loadavg_end: tuple[float, float, float] | None = None
+
+    def median(self, name: str) -> float:
+        return float(statistics.median(self.samples[name]))
+
+    def stats(self, name: str) -> dict[str, float]:
+        return summary(self.samples[name])
+
+    @property
+    def loaded_rounds(self) -> int:
+        return sum(c > LOADED_CORES for c in self.others_cores)
+
+    @property
+    def loaded(self) -> bool:
+        """Most rounds ran while other processes used the cores: the figures are not to be trusted."""
+        return bool(self.others_cores) and self.loaded_rounds * 2 > len(self.others_cores)
+
+    def load_record(self) -> dict[str, Any]:
+        """JSON-ready: the load the timings ran under."""
+        s = summary(self.others_cores)
+        return {"others_cores_median": s["median"], "others_cores_max": s["max"],
+                "loaded_rounds": self.loaded_rounds, "rounds": len(self.others_cores), "loaded": self.loaded,
+                "loadavg_start": self.loadavg_start, "loadavg_end": self.loadavg_end}
+
+    def warning(self) -> str | None:
+        """A sentence for the user when other processes used the cores, else None."""
+        if not self.loaded_rounds:
+            return None
+        s = summary(self.others_cores)
+        what = "most" if self.loaded else "some"
+        return (f"other processes used the cores during {what} timing rounds ({self.loaded_rounds} of "
+                f"{len(self.others_cores)}; median {s['median']:.2f}, max {s['max']:.2f} cores): "
+                + ("these timings are not reliable - measure again on a quieter machine" if self.loaded
+                   else "the medians should still hold"))
+
+
+def interleave(configs: Mapping[str, Callable[[], float]], warmup: int = 2, repeats: int = 10, *,
+               pids: Sequence[int] = (), on_call: Callable[[int, int], None] | None = None) -> Timings:
+    """Time every configuration (a callable returning the seconds of one call,
+    measured however its runtime measures it): ``warmup`` untimed calls each,
+    then ``repeats`` rounds round-robin, rotated by one each round.
+
+    ``pids``: worker processes the configurations run in (their CPU time is
+    not counted as other processes' load).  ``on_call(done, total)`` after
+    every call, warm-up calls included: progress bars."""
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"interleave: warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    names = list(configs)
+    out = Timings({k: [] for k in names}, loadavg_start=loadavg())
+    total, done = len(names) * (warmup + repeats), 0
+    for name in names:
+        for _ in range(warmup):
+            configs[name]()
+            done += 1
+            if on_call is not None:
+                on_call(done, total)
+    for k in range(repeats):
+        with ContentionMeter(children=True, pids=pids) as meter:
+            for j in range(len(names)):
+                name = names[(j + k) % len(names)]
+                out.samples[name].append(float(configs[name]()))
+                done += 1
+                if on_call is not None:
+                    on_call(done, total)
+        out.others_cores.append(meter.others_cores)
+    out.loadavg_end = loadavg()
+    return out
+
+
+def wall_clock(fn: Callable[[], Any]) -> Callable[[], float]:
+    """``fn`` as a configuration for :func:`interleave`: its wall seconds per call."""
+    def once() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    return once
+
+
+__all__ = ["LOADED_CORES", "ContentionMeter", "Timings", "host_record", "interleave", "loadavg", "summary",
+           "wall_clock"]
