@@ -1,7 +1,7 @@
 """RL training: MaskablePPO with a graph encoder, run folders, Optuna tuning.
 
     from opsched.agents import TrainConfig, train
-    run = train(TrainConfig(name="ppo", timesteps=40_000))
+    run = train(TrainConfig(name="ppo"))
     run.path, run.best_model, run.evaluations()
 
 ``train`` writes ``runs/<name>_<N>/`` (see :mod:`opsched.agents.runs`);

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from opsched.agents import splits
 from opsched.errors import OpschedError
 
 #: Settings of the PPO / encoder / imitation block, with their types (for --set).
@@ -32,6 +33,8 @@ HYPERPARAM_TYPES: dict[str, type] = {
     "imitation_rounds": int, "imitation_steps": int, "imitation_lr": float, "imitation_batch": int,
     "imitation_first": int, "imitation_episodes": int, "imitation_keep": float, "imitation_level_weight": float,
     "imitation_dagger": bool,
+    "iteration_rounds": int, "iteration_pairs": int, "iteration_samples": int, "iteration_temperature": float,
+    "iteration_budget": int, "iteration_steps": int, "iteration_lr": float, "iteration_episodes": int,
 }
 PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range",
             "ent_coef", "vf_coef", "max_grad_norm", "target_kl")
@@ -41,31 +44,14 @@ class ConfigError(OpschedError):
     """A bad training / tuning setting (names the setting and the source)."""
 
 
-# Training set: the zoo at several batch sizes and widths plus the synthetic
-# families, on GPU presets and CPU-only machines of many core counts, so the
-# policy reads the hardware state rather than memorising one machine.  The
-# held-out graphs (two zoo models, unseen synthetic seeds) and machines
-# (knl-68, xeon-8180-2s) never appear in training.
-DEFAULT_TRAIN_GRAPHS = [
-    "zoo:resnet50@1x0.5", "zoo:resnet50@8x0.5",
-    "zoo:nasnet@1x0.5", "zoo:nasnet@4x1.0",
-    "zoo:randwire@1x0.5", "zoo:randwire@8x1.0",
-    "zoo:lstm@1x0.5", "zoo:lstm@16x1.0",
-    *[f"{fam}:{n}:{seed}" for fam in ("layered", "erdos_renyi", "watts_strogatz")
-      for n in (20, 40, 60, 80, 100, 120) for seed in (1, 2, 3)],
-    *[f"layered:{n}:4:mean_width={w}" for n in (40, 80, 120) for w in (1.5, 6)],
-]
-DEFAULT_TRAIN_MACHINES = [
-    "dgx1-4v100", "2x2080ti", "4xa6000",
-    "cpu:8:90:40", "cpu:16:80:100", "cpu:24:120:140", "cpu:32:60:200", "cpu:40:70:150",
-    "cpu:48:110:200", "cpu:64:50:300", "cpu:72:40:380", "cpu:40:90:180:2", "cpu:64:70:260:2",
-]
-DEFAULT_HELDOUT_GRAPHS = [
-    "zoo:inception@1x0.5", "zoo:transformer@4x0.5",
-    "layered:80:101", "erdos_renyi:80:102", "watts_strogatz:80:103",
-]
-DEFAULT_HELDOUT_MACHINES = ["knl-68", "xeon-8180-2s"]
-DEFAULT_BASELINES = ["critical-path-first", "heft", "sequential"]
+# The splits live in agents/splits.py (train / validation for checkpoint
+# selection / test for reporting only): a run trains on the training split and
+# selects its best checkpoint on the validation split by default.
+DEFAULT_TRAIN_GRAPHS = list(splits.TRAIN_GRAPHS)
+DEFAULT_TRAIN_MACHINES = list(splits.TRAIN_MACHINES)
+DEFAULT_HELDOUT_GRAPHS = list(splits.VALIDATION_GRAPHS)
+DEFAULT_HELDOUT_MACHINES = list(splits.VALIDATION_MACHINES)
+DEFAULT_BASELINES = ["sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro"]
 # Real execution (``--backend torch-cpu``): this machine, and zoo graphs small
 # enough that a measured episode takes a fraction of a second.
 REAL_TRAIN_MACHINES = ["local"]
@@ -77,7 +63,7 @@ class TrainConfig:
     """Everything ``train()`` needs.  Plain data: saved as YAML, loaded back by ``--resume``."""
 
     name: str = "ppo"
-    timesteps: int = 40_000
+    timesteps: int = 0  # PPO steps after the warm start (0: none; PPO did not improve past it, see ppo.yml)
     n_envs: int = 2
     seed: int = 0
     hyperparams: str = "default"
@@ -180,6 +166,7 @@ class TrainConfig:
         overlap = set(self.train_graphs) & set(self.heldout_graphs)
         if overlap:
             raise ConfigError(f"held-out graph(s) {sorted(overlap)} are also in train_graphs")
+
         if self.backend != "sim":
             bad = [g for g in self.train_graphs if not g.startswith("zoo:")]
             if bad:
@@ -188,6 +175,14 @@ class TrainConfig:
         missing = [k for k in PPO_KEYS + ("hidden", "rounds") if k not in self.ppo]
         if missing:
             raise ConfigError(f"hyperparameters {self.hyperparams!r} lack {', '.join(missing)}")
+
+    def test_overlap(self) -> list[str]:
+        """The graphs and machines of this run that belong to the test split
+        (agents/splits.py): a run that saw them cannot be reported on the test
+        set (export records them; the benchmark refuses such a policy's figures)."""
+        seen_graphs = set(self.train_graphs) | set(self.heldout_graphs)
+        seen_machines = set(self.train_machines) | set(self.heldout_machines)
+        return sorted((seen_graphs & set(splits.TEST_GRAPHS)) | (seen_machines & set(splits.TEST_MACHINES)))
 
     def ppo_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``MaskablePPO`` (the PPO part of the block)."""

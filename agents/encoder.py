@@ -32,7 +32,10 @@ run it in plain numpy.
     c      = relu(pool @ W_ctx + b_ctx)                          (H,)      the global context
     u_i    = relu(h_i @ A_op + c @ A_ctx + a)                    (N x H)   op i in context
     score  = u @ W_act + b_act                                   (N x MAX_DEVICES * MAX_LEVELS)
-    logits = [ score.reshape(N * MAX_DEVICES * MAX_LEVELS) , c @ w_wait + b_wait ]
+           + f_i * (p_0 * onehot(hinted column_i) + p_1 * hint_order_i)   the prior: the best heuristic's
+                                                                 plan, for ops it would start now (f = hint_free;
+                                                                 p = hint_prior, 3 learned scalars)
+    logits = [ score.reshape(N * MAX_DEVICES * MAX_LEVELS) , c @ w_wait + b_wait + p_2 * (1 - max_i f_i) ]
     value  = relu(c @ V_1 + v_1) @ V_2 + v_2
 
 The reshape is row-major over (op slot, device, level), which is exactly the
@@ -61,8 +64,13 @@ from opsched.engine.layout import (
     MAX_LEVELS,
     OBS_KEYS,
     STATIC_FEATURES,
+    hint_columns,
+    hint_gate,
     unflatten_obs,
 )
+
+#: Initial weights of the hint prior (logit bonus of the heuristic's column, of its order).
+HINT_PRIOR_INIT = 4.0
 
 
 def _edge_pairs(edge_index, n_edges: int):
@@ -112,10 +120,12 @@ class GraphEncoder(BaseFeaturesExtractor):
         self.value1 = nn.Linear(H, H)
         self.value2 = nn.Linear(H, 1)
         # Start near the uniform policy over valid actions (PPO's usual small
-        # output gain), so early exploration is not biased by random weights.
+        # output gain), so early exploration is not biased by random weights...
         for head in (self.act, self.wait):
             nn.init.orthogonal_(head.weight, gain=0.01)
             nn.init.zeros_(head.bias)
+        # ... plus the prior towards the best heuristic's plan (see _prior).
+        self.hint_prior = nn.Parameter(th.tensor([HINT_PRIOR_INIT] * 3))
 
     def forward(self, obs: Mapping[str, th.Tensor]) -> th.Tensor:
         logits, value = self.logits_and_value(obs)
@@ -165,9 +175,29 @@ class GraphEncoder(BaseFeaturesExtractor):
         if n < N:
             pad = self.act(th.relu(self.op_head.bias + cterm))                 # an op with h = 0
             per_op = th.cat([per_op, pad.expand(B, N - n, -1)], dim=1)
-        logits = th.cat([per_op.reshape(B, N * MAX_DEVICES * MAX_LEVELS), self.wait(c)], dim=1)
+        bonus, wait_bonus = self._prior(obs["node_static"], obs["node_dynamic"], obs["hardware"])
+        logits = th.cat([(per_op + bonus).reshape(B, N * MAX_DEVICES * MAX_LEVELS), self.wait(c) + wait_bonus],
+                        dim=1)
         value = self.value2(th.relu(self.value1(c)))
         return logits, value
+
+    def _prior(self, node_static: th.Tensor, node_dynamic: th.Tensor,
+               hardware: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """The best heuristic's plan as logit bonuses on the hinted (device, level)
+        column of every op it would start now (:func:`~opsched.engine.layout.hint_gate`):
+        ``hint_prior[0] + hint_prior[1] * hint_order``; and ``hint_prior[2]`` on
+        "wait" while it would start none.  The policy starts out as the
+        heuristic's dispatch rule and learns where to deviate.  Returns
+        ((B, N, D*L), (B, 1))."""
+        flat, has, order = hint_columns(node_static)
+        gate = hint_gate(node_static, node_dynamic, hardware)
+        onehot = th.zeros(*flat.shape, MAX_DEVICES * MAX_LEVELS, dtype=node_static.dtype,
+                          device=node_static.device)
+        weight = (self.hint_prior[0] + self.hint_prior[1] * order) * gate
+        onehot = onehot.scatter(-1, flat.clamp(min=0).long().unsqueeze(-1), weight.unsqueeze(-1))
+        hinted = has.any(dim=-1, keepdim=True).to(node_static.dtype)
+        wait = self.hint_prior[2] * hinted * (1.0 - gate.amax(dim=-1, keepdim=True))
+        return onehot, wait
 
 
 def _used(mask: th.Tensor) -> int:

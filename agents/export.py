@@ -81,7 +81,7 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
         "run": str(run_dir), "model": zip_path.name, "num_timesteps": steps,
         "train_graphs": list(cfg.train_graphs), "heldout_graphs": list(cfg.heldout_graphs),
         "heldout_machines": list(cfg.heldout_machines), "hyperparams": cfg.hyperparams,
-        "ppo": dict(cfg.ppo), "seed": cfg.seed,
+        "ppo": dict(cfg.ppo), "seed": cfg.seed, "test_split_overlap": cfg.test_overlap(),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "opsched_version": _version(),
     }
@@ -175,12 +175,12 @@ def _spaces_env(cfg: Any) -> Any:
 
 
 def _any_gpu(specs: list[str]) -> bool:
-    from opsched.machine import get_machine
+    from opsched.specs import load_machine
 
     out = False
     for s in specs:
         try:
-            out = out or bool(get_machine(s).gpus)
+            out = out or bool(load_machine(s).gpus)
         except Exception:  # an unreadable spec cannot prove CPU-only: allow GPUs
             return True
     return out

@@ -35,66 +35,31 @@ import torch as th
 
 from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS
 from opsched.engine.sim import DONE
+from opsched.engine.slots import SlotPlan, from_plan
 
 STATIC_KEYS = ("node_static", "node_mask", "edge_index", "edge_mask", "node_levels")
 STEP_KEYS = ("node_dynamic", "hardware", "globals")
 
 
-@dataclass
-class ExpertPlan:
-    """A heuristic Plan over the env's op slots."""
-
-    name: str
-    makespan: float
-    device: list[int]
-    level: list[int]
-    rank: list[int]                      # position in descending-priority order
-    after: list[tuple[int, ...]]
+#: A target over the env's op slots: device, thread level, dispatch rank and holds per slot.
+ExpertPlan = SlotPlan
 
 
 def best_expert(graph: Any, machine: Any, experts: Sequence[str], model: Any = None) -> tuple[str, Any, float]:
     """(name, Plan, makespan) of the fastest heuristic on ``graph`` in the simulator."""
-    from opsched.backends.sim import SimBackend
-    from opsched.policies import get_policy
+    from opsched.policies.hints import best_heuristic
 
-    sim = SimBackend(machine, model=model)
-    best = None
-    for name in experts:
-        plan = get_policy(name).plan(graph, machine, model)
-        ms = float(sim.run(graph, plan).makespan)
-        if best is None or ms < best[2]:
-            best = (name, plan, ms)
-    assert best is not None
-    return best
+    return best_heuristic(graph, machine, model, tuple(experts))
 
 
-def expert_plan(env: Any, experts: Sequence[str], model: Any = None) -> ExpertPlan:
+def expert_plan(env: Any, experts: Sequence[str], model: Any = None) -> SlotPlan:
     """The best heuristic's Plan for the env's current episode, mapped to op slots."""
     data = env.unwrapped.episode_data
-    graph, machine, co = data.graph, data.machine, data.coarsening
-    name, plan, makespan = best_expert(graph, machine, experts, model)
-    dev_index = machine.device_index
-    ids = [op.id for op in graph.ops]
-    index = graph.index
-    group_of = co.group_of
-    device, level, prio, after = [], [], [], []
-    for g, members in enumerate(co.groups):
-        lead = max(members, key=lambda i: (plan[ids[i]].priority, -i))
-        a = plan[ids[lead]]
-        d = dev_index[a.device]
-        levels = list(data.static.levels[d])
-        ok = [k for k, t in enumerate(levels) if t <= a.threads]
-        device.append(d)
-        level.append(ok[-1] if ok else 0)
-        prio.append(a.priority)
-        deps = {int(group_of[index[x]]) for i in members for x in plan[ids[i]].after}
-        deps.discard(g)
-        after.append(tuple(sorted(deps)))
-    order = sorted(range(len(co.groups)), key=lambda g: (-prio[g], g))
-    rank = [0] * len(order)
-    for r, g in enumerate(order):
-        rank[g] = r
-    return ExpertPlan(name, makespan, device, level, rank, after)
+    name, plan, makespan = best_expert(data.graph, data.machine, experts, model)
+    target = from_plan(data, plan, f"heuristic:{name}")
+    if data.coarsening.identity:
+        target.makespan = makespan  # else: simulated on the coarse graph when needed (refine.makespan)
+    return target
 
 
 def expert_action(env: Any, ep: ExpertPlan, mask: np.ndarray) -> int:

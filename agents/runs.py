@@ -3,7 +3,7 @@ reproduce it, resume it and read its results without the process that made it.
 
     runs/<name>_<N>/
         config.yaml          every resolved setting (TrainConfig)
-        command.txt          the command line(s) that made / resumed the run
+        command.txt          the command line that made the run, then one per resume (as typed)
         versions.json        system and package versions
         tb/                  TensorBoard events (SB3 logger)
         checkpoints/         step_<steps>.zip (SB3 model) + step_<steps>.json (step counter, RNG states)
@@ -112,9 +112,14 @@ class Run:
         return cls(path=path, config=TrainConfig.load(path / "config.yaml"))
 
     def record_command(self, argv: list[str] | None = None) -> None:
-        """Append the command line (a resume adds a line; the first line made the run)."""
-        argv = list(sys.argv if argv is None else argv)
-        line = " ".join(_quote(a) for a in argv)
+        """Append the command line as typed (the first line made the run; each
+        ``--resume`` adds its own, e.g. ``opsched train-policy --resume
+        runs/ppo_3 --timesteps 50000``).  ``argv``: the command line (the CLI
+        passes the options the user gave, not the defaults); default
+        ``sys.argv``, the program by its name rather than its path."""
+        if argv is None:
+            argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]]
+        line = " ".join(_quote(str(a)) for a in argv)
         old = (self.path / "command.txt").read_text() if (self.path / "command.txt").exists() else ""
         atomic_write_text(self.path / "command.txt", old + line + "\n")
 
@@ -157,42 +162,28 @@ class Run:
 
 
 class RunLock:
-    """An exclusive lock file in the run folder, so two processes never train
-    into (and overwrite) the same run; a lock left by a dead process is taken over."""
+    """An exclusive lock on the run folder, so two processes never train into
+    (and overwrite) the same run.  It is an OS file lock (``filelock``): the
+    kernel releases it when its process dies, so a killed run never leaves a
+    stale lock behind."""
 
     def __init__(self, run_path: Path) -> None:
+        from filelock import FileLock
+
         self.file = Path(run_path) / ".lock"
+        self._lock = FileLock(self.file)
 
     def __enter__(self) -> RunLock:
-        for _ in range(2):
-            try:
-                fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                try:
-                    pid = int(self.file.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and _alive(pid):
-                    raise ConfigError(f"{self.file.parent}: run is in use by process {pid}") from None
-                self.file.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(str(os.getpid()))
-            return self
-        raise ConfigError(f"{self.file.parent}: cannot take the run lock")
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise ConfigError(f"{self.file.parent}: run is in use by another opsched process") from None
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.file.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        self._lock.release()
 
 
 def versions() -> dict[str, Any]:

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch as th
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sb3_contrib import MaskablePPO
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.logger import configure
@@ -50,11 +49,11 @@ from opsched.agents.evaluate import HeldOutEvaluator
 from opsched.agents.policy import GraphPolicy
 from opsched.agents.runs import Run, RunLock
 from opsched.io import atomic_write_text
-from opsched.machine import get_machine
-from opsched.specs import load_graph
+from opsched.progress import progress_bar
+from opsched.specs import load_graph, load_machine
 
 #: Heuristics the imitation warm start copies (the fastest of them per training pair).
-EXPERTS = ("critical-path-first", "heft")
+EXPERTS = ("sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro")
 
 
 def train(config: TrainConfig, *, argv: list[str] | None = None, progress: bool = True,
@@ -102,7 +101,7 @@ def load_sets(cfg: TrainConfig) -> tuple[list[Any], list[Any]]:
     # real backends execute the graphs: traced afresh (a cached JSON graph has no torch source)
     cache = Path(cfg.out) / ".cache" / "graphs" if cfg.backend == "sim" else None
     graphs = [load_graph(s, cache_dir=cache) for s in cfg.train_graphs]
-    machines = [get_machine(s) for s in cfg.train_machines]
+    machines = [load_machine(s) for s in cfg.train_machines]
     return graphs, machines
 
 
@@ -128,7 +127,7 @@ def load_trained_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     cfg = run.config
     if env is None:
         env = make_env([load_graph(cfg.heldout_graphs[0], cache_dir=Path(cfg.out) / ".cache" / "graphs")],
-                       [get_machine(cfg.heldout_machines[0])], cfg.max_nodes)
+                       [load_machine(cfg.heldout_machines[0])], cfg.max_nodes)
     model = build_model(cfg, env, seed=None)
     set_weights(model, zip_path, "model")
     return model
@@ -186,8 +185,8 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
                 source = Run.open(cfg.init).model_for_init()
                 set_weights(model, source, "--init")
                 console.print(f"fine-tuning from {source}")
-            elif cfg.ppo.get("imitation_rounds", 0) > 0:
-                _imitation(model, cfg, graphs, machines, state, evaluator, console)
+            elif cfg.ppo.get("imitation_rounds", 0) > 0 or cfg.ppo.get("iteration_rounds", 0) > 0:
+                _warm_start(model, cfg, graphs, machines, state, evaluator, console, progress)
             _learn(model, cfg, state, evaluator, progress, on_eval, console, fresh=checkpoint is None)
             if cfg.backend != "sim" and not run.interrupted and not state.pruned:
                 _real_report(run, cfg, model, graphs, machines, console)
@@ -213,12 +212,15 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
     return run
 
 
-def _imitation(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: list, state: TrainState,
-               evaluator: HeldOutEvaluator, console: Console) -> None:
-    """DAgger warm start; the held-out set is evaluated after every round and PPO
-    starts from the round that did best there (also saved as the best model)."""
+def _warm_start(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: list, state: TrainState,
+                evaluator: HeldOutEvaluator, console: Console, progress: bool) -> None:
+    """Imitation (DAgger of the best heuristic), then expert iteration
+    (:mod:`opsched.agents.expert_iteration`); the validation set is evaluated
+    after every round and PPO starts from the round that did best there (also
+    saved as the best model)."""
     import copy
 
+    from opsched.agents.expert_iteration import expert_iteration
     from opsched.agents.imitation import warm_start
 
     p = cfg.ppo
@@ -226,39 +228,60 @@ def _imitation(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: lis
     env = make_env(graphs, machines, cfg.max_nodes, backend="sim")
     t0 = time.time()
     best: dict[str, Any] = {}
+    n_imitation = int(p.get("imitation_rounds", 0))
+    n_iteration = int(p.get("iteration_rounds", 0))
+    with progress_bar(console=console, enabled=progress, fields=("note",)) as bar:
+        task = bar.add_task("imitation", total=n_imitation + n_iteration, note="")
 
-    def after_round(r: int, stats: dict[str, float]) -> None:
-        for k in ("accuracy", "loss", "played_return"):
-            model.logger.record(f"imitation/{k}", stats[k])
-        before = state.best_score
-        row = evaluate_now(model, state, evaluator, imitation_round=r)
-        model.logger.dump(r)
-        if row is not None and state.best_score < before:
-            best["round"], best["weights"] = r, copy.deepcopy(model.policy.state_dict())
-        if row is not None:
-            console.print(f"  held-out after round {r}: ×{row['gmean_cpf']:.3f} vs cpf (geo-mean), "
-                          f"worst ×{row['worst_best']:.3f} vs the best baseline")
+        def after_round(r: int, stats: dict[str, float], phase: str, offset: int) -> None:
+            for k in ("accuracy", "loss", "played_return"):
+                model.logger.record(f"{phase}/{k}", stats[k])
+            before = state.best_score
+            save_model(model, state.run.path / "warm_start" / f"round_{offset + r}.zip")  # the learning curve's models
+            row = evaluate_now(model, state, evaluator, imitation_round=offset + r)
+            model.logger.dump(offset + r)
+            if row is not None and state.best_score < before:
+                best["round"], best["weights"] = offset + r, copy.deepcopy(model.policy.state_dict())
+            note = "" if row is None else (f"validation x{row['gmean_best']:.3f} of the best heuristic "
+                                           f"(worst x{row['worst_best']:.3f})")
+            bar.update(task, completed=offset + r + 1, note=note)
+            if not progress and row is not None:
+                console.print(f"  {phase} round {r}: {note}")
 
-    history = warm_start(
-        model.policy, env, pairs, EXPERTS, rounds=int(p["imitation_rounds"]), steps=int(p["imitation_steps"]),
-        lr=float(p["imitation_lr"]), batch_size=int(p["imitation_batch"]),
-        first_episodes=int(p.get("imitation_first", len(pairs))),
-        episodes_per_round=int(p.get("imitation_episodes", len(pairs))), keep=float(p.get("imitation_keep", 1.0)),
-        seed=cfg.seed, log=console.print, should_stop=lambda: state.stop_requested, after_round=after_round,
-        level_weight=float(p.get("imitation_level_weight", 0.0)), dagger=bool(p.get("imitation_dagger", True)))
+        history = warm_start(
+            model.policy, env, pairs, EXPERTS, rounds=n_imitation, steps=int(p["imitation_steps"]),
+            lr=float(p["imitation_lr"]), batch_size=int(p["imitation_batch"]),
+            first_episodes=int(p.get("imitation_first", len(pairs))),
+            episodes_per_round=int(p.get("imitation_episodes", len(pairs))),
+            keep=float(p.get("imitation_keep", 1.0)), seed=cfg.seed, log=lambda s: None,
+            should_stop=lambda: state.stop_requested,
+            after_round=lambda r, st: after_round(r, st, "imitation", 0),
+            level_weight=float(p.get("imitation_level_weight", 0.0)), dagger=bool(p.get("imitation_dagger", True)))
+        iteration: list[dict[str, float]] = []
+        if n_iteration > 0 and not state.stop_requested:
+            if "weights" in best:  # iterate from the best warm-start round
+                model.policy.load_state_dict(best["weights"])
+            bar.update(task, description="expert iteration")
+            iteration = expert_iteration(
+                model.policy, env, pairs, EXPERTS, rounds=n_iteration, pairs_per_round=int(p["iteration_pairs"]),
+                samples=int(p["iteration_samples"]), temperature=float(p["iteration_temperature"]),
+                search_budget=int(p["iteration_budget"]), steps=int(p["iteration_steps"]),
+                lr=float(p["iteration_lr"]), batch_size=int(p["imitation_batch"]),
+                episodes=int(p["iteration_episodes"]), keep=float(p.get("imitation_keep", 1.0)), seed=cfg.seed,
+                log=console.print if not progress else lambda s: None, should_stop=lambda: state.stop_requested,
+                after_round=lambda r, st: after_round(r, st, "iteration", n_imitation),
+                level_weight=float(p.get("imitation_level_weight", 0.0)))
     if "weights" in best:
         model.policy.load_state_dict(best["weights"])
     state.run.summary["imitation"] = {"seconds": round(time.time() - t0, 2), "best_round": best.get("round"),
-                                      "rounds": history}
+                                      "rounds": history, "iteration": iteration}
     env.close()
 
 
 def _learn(model: MaskablePPO, cfg: TrainConfig, state: TrainState, evaluator: HeldOutEvaluator,
            progress: bool, on_eval: Any, console: Console, fresh: bool) -> None:
     run = state.run
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[heldout]}"))
-    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+    with progress_bar(console=console, enabled=progress, eta=False, fields=("heldout",)) as bar:
         task = bar.add_task(f"train {run.path.name}", total=cfg.timesteps, completed=model.num_timesteps,
                             heldout="held-out: pending")
         progress_cb = ProgressCallback(state, bar, task)

@@ -40,7 +40,7 @@ Two pieces, both framework-neutral (an op is any ``fn(values)`` callable):
     (libgomp's default ``GOMP_SPINCOUNT``, a few milliseconds here), each on a
     core of its own.  A worker pinned to that core runs its one-thread op at
     half speed meanwhile, even when another core sits idle - measured here
-    (``bench/mixed_plans.py``): one-thread ops of such plans 1.3-4x slower
+    (``docs/findings.md``, "mixed plans"): one-thread ops of such plans 1.3-4x slower
     than in a chain.  The helpers' CPUs are the kernel's choice and unknown
     to us, so in such plans the workers run *unpinned* (``pin_mixed=False``,
     the default) and the kernel's wake-up placement puts them on an idle core;

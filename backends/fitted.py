@@ -455,6 +455,10 @@ class FittedModel:
             return np.maximum(self.interference.slowdown(demands), 1.0)
         return np.maximum(self.base.slowdown(device, demands), 1.0)
 
+    def occupancy(self, op: Op, device: Device) -> float:
+        """GPU compute share: the analytic model's (profiles are of the CPU)."""
+        return self.base.occupancy(op, device)
+
     def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
         """Seconds to move ``nbytes`` across devices: bytes / link bandwidth + latency."""
         return machine.transfer_time(nbytes, src, dst)
@@ -472,10 +476,3 @@ class FittedModel:
         return cls(profs, **kwargs)  # type: ignore[arg-type]
 
 
-def fitted_or_analytic(machine: Machine | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR
-                       ) -> FittedModel | AnalyticModel:
-    """The fitted model when this machine has cached profiles, else the analytic one."""
-    try:
-        return FittedModel.from_cache(machine, cache_dir)
-    except ProfileError:
-        return AnalyticModel()

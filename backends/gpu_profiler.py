@@ -55,12 +55,13 @@ from opsched.backends.profiler import (
     OpProfile,
     Profile,
     ProfileError,
-    _progress,
     _torch_source,
+    compute_inputs,
     op_signature,
 )
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
+from opsched.progress import progress_bar
 
 GPU_TIMER = "cuda-events"
 
@@ -196,14 +197,9 @@ def profile_gpu(graph: OpGraph, machine: Machine | None = None, device: str = "g
     records: dict[str, OpProfile] = {}
     launch: dict[str, float] = {}
     by_id = {op.id: op for op in graph.ops}
-    with torch.no_grad(), torch.cuda.device(dev), _progress(progress, console) as bar:
+    with torch.no_grad(), torch.cuda.device(dev), progress_bar(console=console, enabled=progress) as bar:
         values = rsrc.new_values(*inputs)
-        for c in compiled:
-            try:
-                c.run(values)
-            except Exception as exc:
-                raise ProfileError(f"graph {graph.name!r}: op {c.op_id!r} raised on {device} while computing "
-                                   f"its inputs: {type(exc).__name__}: {exc}") from exc
+        compute_inputs(graph, compiled, values, f" on {device}")
         torch.cuda.synchronize(dev)
         task = bar.add_task(f"profiling {graph.name} on {device}", total=len(compiled))
         for c in compiled:
@@ -331,6 +327,9 @@ class GPUProfileModel:
 
     def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
         return np.maximum(np.asarray(self.base.slowdown(device, demands), dtype=float), 1.0)
+
+    def occupancy(self, op: Op, device: Device) -> float:
+        return float(self.base.occupancy(op, device))
 
     def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
         """Measured link for CPU<->profiled GPU copies, the machine's figures otherwise."""

@@ -13,7 +13,9 @@ Public API every consumer relies on:
 * ``model.time_table(graph, machine) -> TimeTable`` (all ops x devices x thread levels);
 * ``model.transfer_time(nbytes, src, dst, machine) -> seconds``;
 * ``model.mem_demand(op, device, threads) -> GB/s`` and
-  ``model.slowdown(device, demands) -> factors >= 1`` (co-run interference).
+  ``model.slowdown(device, demands) -> factors >= 1`` (co-run interference);
+* ``model.occupancy(op, device)``: the share of a GPU's compute an op fills
+  (concurrent streams share the device beyond 1).
 """
 
 from __future__ import annotations
@@ -79,6 +81,23 @@ class AnalyticModel:
     def mem_demand(self, op: Op, device: Device, threads: int) -> float:
         """Memory bandwidth the op draws when alone (GB/s)."""
         return op.bytes_total / self.op_time(op, device, threads) / 1e9
+
+    def occupancy(self, op: Op, device: Device) -> float:
+        """The share of a GPU's compute one op fills when alone (0 on a CPU).
+
+        Kernels on concurrent streams overlap only while their blocks leave
+        room: ops whose occupancies add up to more than 1 share the device
+        (the simulator slows them by the sum).  An op's share is the part of
+        its time it computes (not waiting for memory or its launch) times how
+        much of the device its output can spread over (one thread per output
+        element, ``gflops / 100`` threads fill it: ~150k on a V100)."""
+        if not device.is_gpu or op.flops <= 0:
+            return 0.0
+        eff = KIND_EFFICIENCY.get(op.kind, 0.15)
+        compute = op.flops / (device.gflops * 1e9 * eff)
+        elems = float(np.prod(op.shape)) if op.shape else 1.0
+        width = min(1.0, elems / max(device.gflops / 100.0, 1.0))
+        return float(min(1.0, compute / self.op_time(op, device, 1)) * width)
 
     def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
         """Co-run interference: multiplicative slowdown of each op running

@@ -51,6 +51,7 @@ from opsched.errors import OpschedError
 from opsched.graph import Op, OpGraph
 from opsched.io import atomic_write_text
 from opsched.machine import Device, Machine
+from opsched.progress import progress_bar
 from opsched.timing import ContentionMeter
 
 PROFILE_FORMAT = "opsched.profile"
@@ -351,15 +352,38 @@ def time_op(fn: Callable[[], Any], levels: Sequence[int], warmup: int = 3, repea
     return samples, dropped
 
 
+def load_cached(path: Path, graph: OpGraph, levels: Sequence[int], interference: bool) -> Profile | None:
+    """The profile cached at ``path`` when it covers every op of ``graph`` at
+    ``levels`` (and co-run interference when asked for), else None; a broken
+    file is re-measured, with a warning."""
+    if not path.exists():
+        return None
+    try:
+        cached = Profile.load(path)
+    except ProfileError as exc:
+        warnings.warn(f"re-measuring: {exc}", stacklevel=3)
+        return None
+    if set(levels) <= set(cached.levels) and (cached.interference or not interference) \
+            and set(cached.ops) == {op.id for op in graph.ops}:
+        return cached
+    return None
+
+
+def compute_inputs(graph: OpGraph, compiled: Sequence[Any], values: list, where: str = "") -> None:
+    """Run every compiled op once, in order, so each op's inputs exist in
+    ``values`` before it is timed alone; an op that raises is named."""
+    for c in compiled:
+        try:
+            c.run(values)
+        except Exception as exc:
+            raise ProfileError(f"graph {graph.name!r}: op {c.op_id!r} raised{where} while computing its inputs: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+
 def _torch_source(graph: OpGraph) -> Any:
-    src = graph.source
-    if src is None or not all(hasattr(src, a) for a in ("compile_ops", "new_values", "example_inputs")):
-        raise ProfileError(
-            f"graph {graph.name!r} has no executable PyTorch source to profile; import it with "
-            "opsched.importers.torch_fx.from_torch or opsched.specs.load_graph (a graph loaded from JSON "
-            "carries no tensors)"
-        )
-    return src
+    return graph.source_with(("compile_ops", "new_values", "example_inputs"), ProfileError,
+                             "executable PyTorch source to profile",
+                             "opsched.importers.torch_fx.from_torch or opsched.specs.load_graph")
 
 
 def _op_callables(graph: OpGraph) -> tuple[dict[str, Callable[[], Any]], list]:
@@ -371,12 +395,7 @@ def _op_callables(graph: OpGraph) -> tuple[dict[str, Callable[[], Any]], list]:
     compiled = src.compile_ops()
     values = src.new_values(*src.example_inputs)
     with torch.no_grad():
-        for c in compiled:
-            try:
-                c.run(values)
-            except Exception as exc:
-                raise ProfileError(f"graph {graph.name!r}: op {c.op_id!r} raised while computing its inputs: "
-                                   f"{type(exc).__name__}: {exc}") from exc
+        compute_inputs(graph, compiled, values)
     fns = {c.op_id: (lambda run=c.run: run(values)) for c in compiled}
     missing = [op.id for op in graph.ops if op.id not in fns]
     if missing:
@@ -409,21 +428,6 @@ def _llc_bytes() -> float:
     return best or 32e6
 
 
-def _progress(enabled: bool, console: Any = None) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not enabled,
-                    transient=False)
-
-
 def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Sequence[int] | None = None,
                   warmup: int = 3, repeats: int = 30, refresh: bool = False,
                   cache_dir: str | Path | None = DEFAULT_CACHE_DIR, interference: bool = True,
@@ -449,14 +453,9 @@ def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Seque
     if repeats < 1 or warmup < 0:
         raise ProfileError(f"repeats must be >= 1 and warmup >= 0 (got repeats={repeats}, warmup={warmup})")
     path = cache_path(graph, machine, cache_dir) if cache_dir is not None else None
-    if path is not None and path.exists() and not refresh:
-        try:
-            cached = Profile.load(path)
-            if set(levels) <= set(cached.levels) and (cached.interference or not interference) \
-                    and set(cached.ops) == {op.id for op in graph.ops}:
-                return cached
-        except ProfileError as exc:
-            warnings.warn(f"re-measuring: {exc}", stacklevel=2)
+    cached = load_cached(path, graph, levels, interference) if path is not None and not refresh else None
+    if cached is not None:
+        return cached
     _torch_source(graph)
     settings: dict[str, Any] = {"warmup": warmup, "repeats": repeats, "budget_per_op_s": budget_per_op_s}
     if tune_allocator:
@@ -484,7 +483,7 @@ def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Seque
                                        {k: tuple(v) for k, v in samples.items()}, others,
                                        {k: v for k, v in dropped.items() if v})
 
-    with _progress(progress, console) as bar, _measuring():
+    with progress_bar(console=console, enabled=progress) as bar, _measuring():
         task = bar.add_task(f"profiling {graph.name}", total=len(graph.ops) + (1 if interference else 0))
         for op in graph.ops:
             bar.update(task, description=f"{graph.name}: {op.id}")

@@ -13,6 +13,7 @@ BACKENDS: dict[str, str] = {
     "torch-cpu": "opsched.backends.torch_cpu:TorchCPUBackend",
     "torch-cuda": "opsched.backends.torch_cuda:TorchCUDABackend",
     "tf": "opsched.backends.tf_cpu:TFBackend",
+    "ort": "opsched.backends.ort_backend:OrtBackend",
 }
 
 

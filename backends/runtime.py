@@ -17,15 +17,15 @@ plan with and the simulator prices (see "Runtime costs" in
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from opsched.backends.ort_runtime import OrtRuntime
 from opsched.backends.profiler import ProfileError
+from opsched.backends.runtime_record import RuntimeRecord
 from opsched.engine.contracts import PerfModel, RuntimeModel, TimeTable
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
@@ -40,7 +40,7 @@ ATEN_GRAIN_SIZE = 32768
 
 
 @dataclass(frozen=True)
-class TorchCPURuntime:
+class TorchCPURuntime(RuntimeRecord):
     """The PyTorch CPU runtime's costs (seconds unless said; 0 or 1: neutral).
 
     * ``insitu_factor``: CPU op times are multiplied by it (1 = as profiled);
@@ -152,52 +152,16 @@ class TorchCPURuntime:
         return [x + s * over for x, s in zip(f, share, strict=True)]
 
     # ------------------------------------------------------------ (de)serialise
-    def to_dict(self) -> dict[str, Any]:
-        return {"backend": self.backend, **{k: getattr(self, k) for k in self._FIELDS},
-                "fitted_on": list(self.fitted_on)}
-
     @classmethod
-    def from_dict(cls, data: Mapping[str, object], where: str = "<dict>") -> TorchCPURuntime:
-        backend = data.get("backend", cls.backend)
-        if backend != cls.backend:
-            raise ProfileError(f"{where}: a runtime model of backend {backend!r}, not {cls.backend!r}")
-        try:
-            vals = {k: float(data.get(k, cls._DEFAULTS.get(k, 0.0)))  # type: ignore[arg-type]
-                    for k in cls._FIELDS}
-            fitted_on = tuple(str(x) for x in data.get("fitted_on", ()))  # type: ignore[union-attr]
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ProfileError(f"{where}: malformed runtime model: {exc}") from None
-        bad = [k for k, v in vals.items() if not np.isfinite(v) or (v < 0 and k not in cls._SIGNED)]
-        if bad:
-            raise ProfileError(f"{where}: runtime model field {bad[0]} must be a finite number"
-                               f"{'' if bad[0] in cls._SIGNED else ' >= 0'}, got {vals[bad[0]]!r}")
+    def check_fields(cls, vals: dict[str, float], where: str) -> None:
         if not 0.0 <= vals["stream_overlap"] <= 1.0:
             raise ProfileError(f"{where}: runtime model field stream_overlap must lie in [0, 1], "
                                f"got {vals['stream_overlap']!r}")
-        return cls(**vals, fitted_on=fitted_on)
-
-    def save(self, path: str | Path) -> None:
-        from opsched.io import atomic_write_text
-
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> TorchCPURuntime:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"{p}: no such runtime model file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProfileError(f"{p}: cannot read the runtime model ({exc}); delete it or run `opsched "
-                               "profile` again") from None
-        if not isinstance(data, Mapping):
-            raise ProfileError(f"{p}: a runtime model is a JSON object")
-        return cls.from_dict(data, where=str(p))
 
 
 #: Runtime models by backend name (what ``opsched profile`` fits and stores).
-RUNTIME_MODELS: dict[str, type[TorchCPURuntime]] = {"torch-cpu": TorchCPURuntime}
+#: (``"ort"``: :class:`~opsched.backends.ort_runtime.OrtRuntime`, the ONNX Runtime sessions backend.)
+RUNTIME_MODELS: dict[str, type[Any]] = {"torch-cpu": TorchCPURuntime, "ort": OrtRuntime}
 
 
 class PlanningModel:
@@ -229,6 +193,9 @@ class PlanningModel:
 
     def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
         return self.perf.slowdown(device, demands)
+
+    def occupancy(self, op: Op, device: Device) -> float:
+        return self.perf.occupancy(op, device)
 
     def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
         return self.perf.transfer_time(nbytes, src, dst, machine)

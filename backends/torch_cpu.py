@@ -45,7 +45,7 @@ saying why.  Plans with multi-threaded ops run their workers *unpinned*
 the caller's OpenMP helper threads spin on cores the kernel chose, and a
 worker pinned to such a core runs at half speed while another core idles;
 unpinned, the kernel wakes it on the idle one (``executor.py``;
-``bench/mixed_plans.py`` measures it).  The OpenMP team a worker uses for intra-op parallelism is created
+``docs/findings.md`` records the measurement).  The OpenMP team a worker uses for intra-op parallelism is created
 by the worker's first multi-threaded op and inherits its affinity then; later
 ops reuse that team, so on a machine with many slots a team's helper threads
 keep the CPUs of that first op.

@@ -782,29 +782,28 @@ class _Replica:
     consts: list[tuple[int, Any]]
 
 
+@dataclass(eq=False)
 class _Compiled:
     """A plan compiled for this backend: the schedule plus everything resolved
     once - callables per op on its device, streams per step, events."""
 
-    def __init__(self, graph: OpGraph, plan: Plan, sched: StreamSchedule, fns: list[Any],
-                 replicas: dict[str, _Replica], input_slots: tuple[int, ...], output_slots: list[int],
-                 threads: list[int]) -> None:
-        self.graph = graph
-        self.plan = plan
-        self.sched = sched
-        self.fns = fns
-        self.replicas = replicas
-        self.input_slots = input_slots
-        self.output_slots = output_slots
-        self.threads = threads
-        self.n_slots = 0
-        self.reads: list[tuple[int, ...]] = []
-        self.writes: list[tuple[int, ...]] = []
-        self.mutators: dict[int, tuple[int, ...]] = {}
-        self.step_streams: list[Any] = []
-        self.copy_sides: list[tuple[tuple[Any, int], ...]] = []
-        self.events: dict[bool, tuple[list[Any], list[Any]]] = {}  # timing? -> (op/copy done events, op start events)
-        self.lock = threading.Lock()
+    graph: OpGraph
+    plan: Plan
+    sched: StreamSchedule
+    fns: list[Any]
+    replicas: dict[str, _Replica]
+    input_slots: tuple[int, ...]
+    output_slots: list[int]
+    threads: list[int]
+    n_slots: int = 0
+    reads: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    writes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    mutators: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    step_streams: list[Any] = dataclasses.field(default_factory=list)
+    copy_sides: list[tuple[tuple[Any, int], ...]] = dataclasses.field(default_factory=list)
+    #: timing? -> (op/copy done events, op start events)
+    events: dict[bool, tuple[list[Any], list[Any]]] = dataclasses.field(default_factory=dict)
+    lock: Any = dataclasses.field(default_factory=threading.Lock)
 
 
 class TorchCUDABackend(BackendBase):

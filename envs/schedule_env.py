@@ -22,7 +22,7 @@ from opsched.engine.observe import EpisodeData, observation_space, prepare_episo
 from opsched.engine.sim import SimState
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
-from opsched.machine import Machine, get_machine
+from opsched.machine import Machine
 from opsched.plan import Plan, uniform_plan
 from opsched.trace import Trace
 
@@ -135,12 +135,12 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     | key | shape, dtype | content |
     |---|---|---|
-    | ``node_static`` | (N, 20) float32 | per op: one-hot kind (11, ``OP_KINDS`` order); ``log_flops`` = log10(1+FLOPs)/12; ``log_bytes`` = log10(1+bytes moved)/10; ``time_1`` = CPU time at 1 thread / sum over ops of it; ``scaling`` = parallel efficiency at all CPU cores, t(1)/(cores * t(all)); ``best_time`` = fastest time over devices and levels / reference; ``upward_rank`` = upward rank at fastest times / critical path; ``in_degree``, ``out_degree`` = degree/8 (clipped); ``gpu_time`` = time on the first GPU / reference (0 without GPUs) |
+    | ``node_static`` | (N, 25) float32 | per op: one-hot kind (11, ``OP_KINDS`` order); ``log_flops`` = log10(1+FLOPs)/12; ``log_bytes`` = log10(1+bytes moved)/10; ``time_1`` = CPU time at 1 thread / sum over ops of it; ``scaling`` = parallel efficiency at all CPU cores, t(1)/(cores * t(all)); ``best_time`` = fastest time over devices and levels / reference; ``upward_rank`` = upward rank at fastest times / critical path; ``in_degree``, ``out_degree`` = degree/8 (clipped); ``gpu_time`` = time on the first GPU / reference (0 without GPUs); ``comm_ratio`` = log10(1 + output transfer over the slowest link / fastest time)/3; the best heuristic's plan (``opsched.policies.hints``): ``hint_device`` = (device index+1)/MAX_DEVICES, ``hint_threads`` = threads / device slots, ``hint_order`` = 1 - place in its dispatch order / ops |
     | ``node_dynamic`` | (N, 7) float32 | per op: one-hot ``waiting``, ``ready``, ``running``, ``done``; ``device_frac`` = (device index+1)/MAX_DEVICES once started; ``threads_frac`` = threads / device slots once started; ``remaining`` = predicted time to finish / reference (running ops) |
     | ``node_mask`` | (N,) float32 | 1 for a real op slot, 0 for padding |
     | ``edge_index`` | (2, E) int64 | row 0 source slot, row 1 target slot of each data edge (one per op pair); 0 in padding |
     | ``edge_mask`` | (E,) float32 | 1 for a real edge |
-    | ``hardware`` | (8, 8) float32 | per device (rows beyond the machine's devices are 0): ``present``, ``is_gpu``, ``log_cores`` = log2(slots)/7, ``free_frac`` = free slots/slots, ``busy_until`` = (latest predicted end there - now)/reference, ``mem_frac`` = live tensor bytes / memory, ``log_gflops`` = log10(GFLOP/s)/5, ``log_bandwidth`` = log10(GB/s)/4 |
+    | ``hardware`` | (8, 10) float32 | per device (rows beyond the machine's devices are 0): ``present``, ``is_gpu``, ``log_cores`` = log2(slots)/7, ``free_frac`` = free slots/slots, ``busy_until`` = (latest predicted end there - now)/reference, ``mem_frac`` = live tensor bytes / memory, ``log_gflops`` = log10(GFLOP/s)/5, ``log_bandwidth`` = log10(GB/s)/4, ``log_link_host`` / ``log_link_peer`` = log10(link GB/s)/3 to the CPU / mean to the other GPUs (GPUs only) |
     | ``globals`` | (4,) float32 | ``time`` = now/(now+reference), ``frac_done``, ``frac_ready``, ``log_nodes`` = log2(ops)/10 |
     | ``node_levels`` | (N, 8) float32 | per op and CPU thread level k: log2(t(1)/t(k))/7, the op's predicted speed-up, clipped to [-1, 1]; 0 for padding and absent levels |
 
@@ -224,8 +224,9 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     ## Version History
 
-    * v0: initial version; ``node_levels`` is part of the observation, graphs
-      and machines take spec strings, and ``graphs`` defaults to random DAGs.
+    * v0: initial version; ``node_levels``, the link features and the best
+      heuristic's plan (``hint_*``) are part of the observation, graphs and
+      machines take spec strings, and ``graphs`` defaults to random DAGs.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -303,13 +304,18 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         specs = [machine] if machine is None or isinstance(machine, (Machine, str)) else list(machine)
         if not specs:
             raise TypeError("ScheduleEnv: machine must be a Machine, a preset name or a non-empty list of them")
-        return tuple(get_machine(m) for m in specs)
+        from opsched.specs import load_machine
+
+        return tuple(load_machine(m) for m in specs)
 
     def _episode(self, graph: OpGraph, machine: Machine) -> EpisodeData:
         key = (id(graph), id(machine))
         data = self._cache.get(key)
         if data is None or data.graph is not graph or data.machine is not machine:
-            data = prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges)
+            from opsched.policies.hints import best_heuristic
+
+            hint = best_heuristic(graph, machine, self.model)[1]  # the observation's hint_* columns
+            data = prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges, hint)
             self._cache[key] = data
             if len(self._cache) > 64:
                 self._cache.popitem(last=False)
@@ -337,7 +343,10 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         if machine is None:
             machine = self._machines[int(self.np_random.integers(len(self._machines)))] \
                 if len(self._machines) > 1 else self._machines[0]
-        machine = get_machine(machine)
+        if not isinstance(machine, Machine):
+            from opsched.specs import load_machine
+
+            machine = load_machine(machine)
         data = self._episode(graph, machine)
         noise = self.np_random.lognormal(0.0, self.noise, data.n).tolist() if self.noise > 0 else None
         self._data = data

@@ -24,14 +24,25 @@ from opsched.trace import Trace, TraceEvent
 __version__ = "0.1.0"
 
 
+#: Subpackages reachable as attributes after a plain ``import opsched``
+#: (``opsched.importers.from_torch``), imported on first use.
+_SUBPACKAGES = ("agents", "backends", "benchmarks", "engine", "envs", "importers", "planning", "policies",
+                "specs", "synthetic", "timing", "zoo")
+
+
 def __getattr__(name: str):
-    """``opsched.apply`` and ``opsched.ScheduledModule``, imported on first use so
-    that ``import opsched`` pulls in neither torch nor the runtime."""
+    """``opsched.apply``, ``opsched.ScheduledModule`` and the subpackages, imported on
+    first use so that ``import opsched`` pulls in neither torch nor the runtime."""
     if name in ("apply", "ScheduledModule"):
         from opsched import scheduled
 
         return getattr(scheduled, name)
+    if name in _SUBPACKAGES:
+        import importlib
+
+        return importlib.import_module(f"opsched.{name}")
     raise AttributeError(f"module 'opsched' has no attribute {name!r}")
+
 
 __all__ = [
     "OP_KINDS", "PRESETS", "Assignment", "Device", "Edge", "ExecutionError", "GraphError", "Link",

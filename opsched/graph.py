@@ -13,6 +13,14 @@ Op ids are strings (an fx node name, a TF node name, ``"n17"``); internally the
 graph also numbers ops ``0..n-1`` in the order given, and the array-valued
 helpers (``pred_index``, ``succ_index``) use those indices, so simulators can
 work on plain integer arrays.
+
+Fields are checked strictly where an :class:`Op` or :class:`Edge` is made
+(graph JSON files are typed by hand and by other tools): a cost is an int, a
+float or a numpy number -- never a bool or a string -- finite and >= 0, and
+is stored as a plain Python number (so the JSON and the fingerprint do not
+depend on where it came from); a shape is a sequence of whole numbers >= 0.
+:class:`~opsched.errors.GraphError` names the op (or edge), the field and,
+when loading, the file.
 """
 
 from __future__ import annotations
@@ -74,6 +82,22 @@ class Op:
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
 
+    def __post_init__(self) -> None:
+        if type(self.id) is not str or not self.id:
+            raise GraphError(f"an op's id must be a non-empty string, got {_shown(self.id)}")
+        for fname in ("name", "kind", "dtype"):
+            if not isinstance(getattr(self, fname), str):
+                raise GraphError(f"op {self.id!r}: {fname} must be a string, got {_shown(getattr(self, fname))}")
+        for fname in _COST_FIELDS:
+            v = getattr(self, fname)
+            if type(v) is not float and type(v) is not int:
+                object.__setattr__(self, fname, _number(f"op {self.id!r}", fname, v))
+            elif not (0 <= v < math.inf):  # also False for NaN
+                raise GraphError(f"op {self.id!r} has an invalid {fname} = {v!r} (must be a finite number >= 0)")
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
+            object.__setattr__(self, "shape", _shape(f"op {self.id!r}", shape))
+
     @property
     def bytes_total(self) -> float:
         return self.bytes_read + self.bytes_written
@@ -85,6 +109,37 @@ class Op:
 
 #: Op's field names in declaration order (what to_dict writes; a shallow copy: all are scalars but ``shape``).
 _OP_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Op))
+_COST_FIELDS = ("flops", "bytes_read", "bytes_written", "param_bytes")
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _number(where: str, fname: str, v: Any) -> float | int:
+    """A cost as a plain Python number: ints and floats as they are, numpy numbers
+    converted; bools, strings and everything else refused; finite and >= 0."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise GraphError(f"{where} has an invalid {fname} = {_shown(v)} (must be a finite number >= 0: "
+                         "an int, a float or a numpy number, not a bool or a string)")
+    v = v.item() if isinstance(v, np.generic) else (float(v) if isinstance(v, float) else int(v))
+    if not (0 <= v < math.inf):
+        raise GraphError(f"{where} has an invalid {fname} = {v!r} (must be a finite number >= 0)")
+    return v
+
+
+def _shape(where: str, shape: Any) -> tuple[int, ...]:
+    """A shape as a tuple of ints >= 0 (a list or tuple of ints or numpy ints; not a string)."""
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, (list, tuple)):
+        raise GraphError(f"{where}: shape must be a list of whole numbers >= 0, got {_shown(shape)}")
+    out = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise GraphError(f"{where}: shape must be a list of whole numbers >= 0, got {list(shape)!r} "
+                             f"(the dimension {_shown(d)})")
+        out.append(int(d))
+    return tuple(out)
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -93,6 +148,35 @@ class Edge:
     src: str
     dst: str
     bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if type(self.src) is not str or type(self.dst) is not str:
+            raise GraphError(f"edge {self.src!r} -> {self.dst!r}: both ends must be op ids (strings), got "
+                             f"{_shown(self.src)} -> {_shown(self.dst)}")
+        v = self.bytes
+        if type(v) is not float and type(v) is not int:
+            object.__setattr__(self, "bytes", _number(f"edge {self.src!r} -> {self.dst!r}", "bytes", v))
+        elif not (0 <= v < math.inf):
+            raise GraphError(f"edge {self.src!r} -> {self.dst!r} has invalid bytes = {v!r} "
+                             "(must be a finite number >= 0)")
+
+
+def kahn_order(indegree: Mapping[int, int], succ: Mapping[int, Iterable[int]] | Sequence[Iterable[int]]) -> list[int]:
+    """Kahn's algorithm over nodes numbered by int, the lowest-numbered ready node
+    first.  Returns fewer nodes than ``indegree`` holds when there is a cycle (the
+    caller says what that means for it)."""
+    indeg = dict(indegree)
+    ready = [i for i, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    return order
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,18 +348,7 @@ class OpGraph:
         lowest-index ready op first, so it follows the graph's own order (an fx
         trace's order) wherever the dependencies allow; that order keeps
         producer and consumer close, which is good for caches."""
-        indeg = [len(p) for p in self.pred_index]
-        ready = [i for i, d in enumerate(indeg) if d == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for j in self.succ_index[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    heapq.heappush(ready, j)
-        return tuple(order)
+        return tuple(kahn_order({i: len(p) for i, p in enumerate(self.pred_index)}, self.succ_index))
 
     def topological_order(self) -> list[str]:
         return [self.ops[i].id for i in self.topo_index]
@@ -388,12 +461,46 @@ class OpGraph:
                 f"{where}: graph format version {data.get('version')!r} is not supported "
                 f"(this opsched reads version {GRAPH_FORMAT_VERSION})"
             )
+        raw_ops, raw_edges = data.get("ops"), data.get("edges")
+        if not isinstance(raw_ops, list):
+            raise GraphError(f"{where}: 'ops' must be a list of ops, got {_shown(raw_ops)}")
+        if not isinstance(raw_edges, list):
+            raise GraphError(f"{where}: 'edges' must be a list of [src, dst, bytes], got {_shown(raw_edges)}")
+        name, meta = data.get("name", "graph"), data.get("meta", {})
+        if not isinstance(name, str):
+            raise GraphError(f"{where}: name must be a string, got {_shown(name)}")
+        if not isinstance(meta, Mapping):
+            raise GraphError(f"{where}: meta must be a mapping, got {_shown(meta)}")
+        ops = []
+        for k, o in enumerate(raw_ops):
+            label = f"ops[{k}]" + (f" ({o['id']!r})" if isinstance(o, Mapping) and isinstance(o.get("id"), str)
+                                   else "")
+            if not isinstance(o, Mapping):
+                raise GraphError(f"{where}: {label} must be a mapping of fields, got {_shown(o)}")
+            unknown = [key for key in o if key not in _OP_FIELDS]
+            if unknown:
+                raise GraphError(f"{where}: {label}: unknown field {unknown[0]!r}; an op has {', '.join(_OP_FIELDS)}")
+            missing = [key for key in ("id", "name") if key not in o]
+            if missing:
+                raise GraphError(f"{where}: {label}: missing field {missing[0]!r}")
+            if type(o["id"]) is not str or not o["id"]:
+                raise GraphError(f"{where}: {label}: id must be a non-empty string, got {_shown(o['id'])}")
+            try:
+                ops.append(Op(**o))
+            except GraphError as exc:
+                raise GraphError(f"{where}: {exc}") from None
+        edges = []
+        for k, e in enumerate(raw_edges):
+            if not isinstance(e, (list, tuple)) or len(e) != 3:
+                raise GraphError(f"{where}: edges[{k}] must be [src, dst, bytes], got {e!r}")
+            try:
+                edges.append(Edge(*e))
+            except GraphError as exc:
+                raise GraphError(f"{where}: edges[{k}]: {exc}") from None
         try:
-            ops = [Op(**{**o, "shape": tuple(o.get("shape", ()))}) for o in data["ops"]]
-            edges = [Edge(str(s), str(d), float(b)) for s, d, b in data["edges"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GraphError(f"{where}: malformed graph: {exc}") from None
-        return cls(tuple(ops), tuple(edges), name=data.get("name", "graph"), meta=data.get("meta", {}))
+            return cls(tuple(ops), tuple(edges), name=name, meta=meta)
+        except GraphError as exc:
+            raise GraphError(f"{where}: {exc}") from None
 
     def save(self, path: str | Path) -> None:
         from opsched.io import atomic_write_text
@@ -402,14 +509,9 @@ class OpGraph:
 
     @classmethod
     def load(cls, path: str | Path) -> OpGraph:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise GraphError(f"{p}: no such graph file") from None
-        except json.JSONDecodeError as exc:
-            raise GraphError(f"{p}: not valid JSON ({exc})") from None
-        return cls.from_dict(data, where=str(p))
+        from opsched.io import read_json
+
+        return cls.from_dict(read_json(path, GraphError, "graph"), where=str(path))
 
     def with_source(self, source: Any) -> OpGraph:
         """A copy that carries an executable ``source`` (validation is not repeated)."""
@@ -418,6 +520,16 @@ class OpGraph:
             object.__setattr__(g, f, getattr(self, f))
         object.__setattr__(g, "source", source)
         return g
+
+    def source_with(self, attrs: Sequence[str], error: type[Exception], what: str, importer: str) -> Any:
+        """The executable ``source`` when it has every attribute in ``attrs``, else
+        ``error`` saying the graph has no ``what`` and which ``importer`` gives one
+        (a graph loaded from JSON carries no tensors)."""
+        src = self.source
+        if src is None or not all(hasattr(src, a) for a in attrs):
+            raise error(f"graph {self.name!r} has no {what} (source is {type(src).__name__}); import it with "
+                        f"{importer} - a graph loaded from JSON carries no tensors")
+        return src
 
     def summary(self) -> dict[str, Any]:
         return {

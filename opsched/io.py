@@ -1,10 +1,13 @@
-"""Small file helpers: writes that never leave a half-written file behind."""
+"""Small file helpers: writes that never leave a half-written file behind, and
+JSON reads whose errors name the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -18,6 +21,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; a plain write would not
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -25,6 +29,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -45,3 +55,16 @@ def next_run_dir(root: str | Path, name: str) -> Path:
             return candidate
         except FileExistsError:
             n += 1
+
+
+def read_json(path: str | Path, error: type[Exception], what: str, fix: str = "", missing: str = "") -> Any:
+    """The JSON in ``path``, or ``error`` with a message naming the file and what
+    it should have held: ``"<path>: no such <what> file"`` (+ ``missing``, how to
+    make one) or ``"<path>: not valid JSON, perhaps truncated (...)"`` (+ ``fix``)."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what} file{missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{p}: cannot read the {what}: not valid JSON, perhaps truncated ({exc}){fix}") from None

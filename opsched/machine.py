@@ -13,13 +13,22 @@ A :class:`Machine` has one host CPU device (``"cpu"``) and zero or more GPUs
 Presets describe the machines of the seed papers so the simulator can run
 them anywhere; each documents its sources.  ``Machine.probe()`` reads the
 machine it runs on.  A user's own machine can be written in YAML (see
-``Machine.from_yaml``; the README shows the format).
+``Machine.from_yaml``; ``opsched machine NAME --yaml`` prints a commented
+template that loads back unchanged).
+
+Every field is checked where a :class:`Device` or :class:`Link` is made, not
+where it is first used: a machine is an input users type by hand, and a wrong
+type or a NaN there used to surface as a traceback deep in planning.  Counts
+(``cores``, ``sockets``, ``smt``) are whole numbers (a bool is not one),
+speeds and sizes finite numbers in range; :class:`~opsched.errors.MachineError`
+names the device or link, the field and, for a file, the file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -29,7 +38,56 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from opsched.errors import MachineError
+
+#: What each field of a device means, with its unit (error messages and the YAML template).
+DEVICE_FIELDS: dict[str, str] = {
+    "id": "'cpu' for the host CPU; 'gpu:0', 'gpu:1', ... for GPUs",
+    "kind": "cpu or gpu",
+    "cores": "CPU: physical cores (the slots intra-op threads take); GPU: concurrent streams",
+    "gflops": "peak FP32 GFLOP/s: per core for a CPU, of the whole device for a GPU",
+    "mem_bandwidth_gbs": "memory bandwidth, GB/s (a CPU: all cores and sockets together)",
+    "memory_gb": "memory, GB (0: unknown)",
+    "sockets": "CPU sockets the cores are spread over (1 for a GPU)",
+    "smt": "hardware threads per core (2 with hyper-threading); plans use physical cores",
+    "name": "free text: the model name",
+}
+#: Fields a device must give (the others have defaults).
+DEVICE_REQUIRED = ("id", "kind", "cores", "gflops", "mem_bandwidth_gbs", "memory_gb")
+#: What each field of a link means.
+LINK_FIELDS: dict[str, str] = {
+    "a": "one end: a device id",
+    "b": "the other end: a device id (links work both ways)",
+    "bandwidth_gbs": "GB/s in each direction",
+    "latency_us": "microseconds added to every transfer",
+}
+MACHINE_FIELDS = ("name", "description", "source", "devices", "links")
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _whole(where: str, field_name: str, value: Any, low: int) -> int:
+    """``value`` as an int >= ``low``; bools, floats and strings are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise MachineError(f"{where}: {field_name} must be a whole number >= {low}, got {_shown(value)}")
+    if value < low:
+        raise MachineError(f"{where}: {field_name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def _real(where: str, field_name: str, value: Any, positive: bool) -> float:
+    """``value`` as a finite float, > 0 (``positive``) or >= 0; bools and strings are refused."""
+    bound = "> 0" if positive else ">= 0"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise MachineError(f"{where}: {field_name} must be a finite number {bound}, got {_shown(value)}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise MachineError(f"{where}: {field_name} must be a finite number {bound}, got {value!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -50,6 +108,27 @@ class Device:
     sockets: int = 1
     smt: int = 1
     name: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id.strip():
+            raise MachineError(f"a device's id must be a non-empty string, got {_shown(self.id)}")
+        where = f"device {self.id!r}"
+        if self.kind not in ("cpu", "gpu"):
+            raise MachineError(f"{where}: kind must be 'cpu' or 'gpu', got {self.kind!r}")
+        if not isinstance(self.name, str):
+            raise MachineError(f"{where}: name must be a string, got {_shown(self.name)}")
+        checked = {
+            "cores": _whole(where, "cores", self.cores, 1),
+            "sockets": _whole(where, "sockets", self.sockets, 1),
+            "smt": _whole(where, "smt", self.smt, 1),
+            "gflops": _real(where, "gflops", self.gflops, positive=True),
+            "mem_bandwidth_gbs": _real(where, "mem_bandwidth_gbs", self.mem_bandwidth_gbs, positive=True),
+            "memory_gb": _real(where, "memory_gb", self.memory_gb, positive=False),
+        }
+        if checked["sockets"] > checked["cores"]:
+            raise MachineError(f"{where}: sockets ({self.sockets}) cannot exceed cores ({self.cores})")
+        for key, value in checked.items():  # canonical types: 8 and 8.0 give one fingerprint
+            object.__setattr__(self, key, value)
 
     @property
     def is_gpu(self) -> bool:
@@ -82,6 +161,17 @@ class Link:
     bandwidth_gbs: float
     latency_us: float
 
+    def __post_init__(self) -> None:
+        for end in (self.a, self.b):
+            if not isinstance(end, str) or not end.strip():
+                raise MachineError(f"link {self.a!r}-{self.b!r}: each end must be a device id (a string), "
+                                   f"got {_shown(end)}")
+        where = f"link {self.a}-{self.b}"
+        if self.a == self.b:
+            raise MachineError(f"{where}: a link joins two different devices")
+        object.__setattr__(self, "bandwidth_gbs", _real(where, "bandwidth_gbs", self.bandwidth_gbs, positive=True))
+        object.__setattr__(self, "latency_us", _real(where, "latency_us", self.latency_us, positive=False))
+
 
 @dataclass(frozen=True, eq=True)
 class Machine:
@@ -98,24 +188,37 @@ class Machine:
         self.validate()
 
     def validate(self) -> None:
+        """Raise :class:`MachineError` unless the devices and links fit together
+        (each device and link checked its own fields when it was made)."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise MachineError(f"a machine's name must be a non-empty string, got {_shown(self.name)}")
+        for key in ("description", "source"):
+            if not isinstance(getattr(self, key), str):
+                raise MachineError(f"machine {self.name!r}: {key} must be a string, got {_shown(getattr(self, key))}")
+        for d in self.devices:
+            if not isinstance(d, Device):
+                raise MachineError(f"machine {self.name!r}: devices must be Device objects, got {_shown(d)}")
+        for link in self.links:
+            if not isinstance(link, Link):
+                raise MachineError(f"machine {self.name!r}: links must be Link objects, got {_shown(link)}")
         ids = [d.id for d in self.devices]
         if len(set(ids)) != len(ids):
             raise MachineError(f"machine {self.name!r}: duplicate device ids {ids}")
         if "cpu" not in ids:
             raise MachineError(f"machine {self.name!r}: needs a host device with id 'cpu'")
         for d in self.devices:
-            if d.kind not in ("cpu", "gpu"):
-                raise MachineError(f"machine {self.name!r}: device {d.id!r} has unknown kind {d.kind!r}")
-            if d.cores < 1 or d.gflops <= 0 or d.mem_bandwidth_gbs <= 0:
-                raise MachineError(
-                    f"machine {self.name!r}: device {d.id!r} needs cores >= 1 and positive gflops and bandwidth"
-                )
+            if d.id == "cpu" and d.kind != "cpu":
+                raise MachineError(f"machine {self.name!r}: device 'cpu' (the host) must have kind 'cpu'")
+        pairs: set[frozenset[str]] = set()
         for link in self.links:
             for end in (link.a, link.b):
                 if end not in ids:
-                    raise MachineError(f"machine {self.name!r}: link refers to unknown device {end!r}")
-            if link.bandwidth_gbs <= 0 or link.latency_us < 0:
-                raise MachineError(f"machine {self.name!r}: link {link.a}-{link.b} has bad figures")
+                    raise MachineError(f"machine {self.name!r}: link {link.a}-{link.b} refers to unknown device "
+                                       f"{end!r} (devices: {', '.join(ids)})")
+            pair = frozenset((link.a, link.b))
+            if pair in pairs:
+                raise MachineError(f"machine {self.name!r}: two links between {link.a} and {link.b}")
+            pairs.add(pair)
 
     # ------------------------------------------------------------------ lookup
     @cached_property
@@ -190,18 +293,37 @@ class Machine:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "<dict>") -> Machine:
+        """A machine from its description (``to_dict``'s or a YAML file's);
+        every field is checked, and an error names ``where``, the device or
+        link and the field."""
+        if not isinstance(data, Mapping):
+            raise MachineError(f"{where}: a machine description is a mapping with 'devices', got {_shown(data)}")
+        unknown = [k for k in data if k not in MACHINE_FIELDS]
+        if unknown:
+            raise MachineError(f"{where}: unknown key {unknown[0]!r}; a machine has {', '.join(MACHINE_FIELDS)}")
+        raw_devices = data.get("devices")
+        if not isinstance(raw_devices, list) or not raw_devices:
+            raise MachineError(f"{where}: 'devices' must be a non-empty list of devices (the host 'cpu' first), "
+                               f"got {_shown(raw_devices)}")
+        raw_links = data.get("links") or []
+        if not isinstance(raw_links, list):
+            raise MachineError(f"{where}: 'links' must be a list of links, got {_shown(raw_links)}")
+        devices = tuple(_make(Device, d, f"devices[{k}]", DEVICE_FIELDS, DEVICE_REQUIRED, where)
+                        for k, d in enumerate(raw_devices))
+        links = tuple(_make(Link, lk, f"links[{k}]", LINK_FIELDS, tuple(LINK_FIELDS), where)
+                      for k, lk in enumerate(raw_links))
+        text = {}
+        for key, default in (("name", Path(where).stem), ("description", ""), ("source", where)):
+            value = data.get(key, default)
+            if value is None:
+                value = default
+            if not isinstance(value, str):
+                raise MachineError(f"{where}: {key} must be a string, got {_shown(value)}")
+            text[key] = value
         try:
-            devices = tuple(Device(**d) for d in data["devices"])
-            links = tuple(Link(**lk) for lk in data.get("links", ()))
-        except (KeyError, TypeError) as exc:
-            raise MachineError(f"{where}: malformed machine description: {exc}") from None
-        return cls(
-            name=str(data.get("name", Path(where).stem)),
-            devices=devices,
-            links=links,
-            description=str(data.get("description", "")),
-            source=str(data.get("source", where)),
-        )
+            return cls(devices=devices, links=links, **text)
+        except MachineError as exc:
+            raise MachineError(f"{where}: {exc}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Machine:
@@ -209,19 +331,49 @@ class Machine:
 
         p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text())
+            data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except FileNotFoundError:
             raise MachineError(f"{p}: no such machine file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MachineError(f"{p}: cannot read the machine file ({exc})") from None
         except yaml.YAMLError as exc:
             raise MachineError(f"{p}: not valid YAML ({exc})") from None
         if not isinstance(data, Mapping):
-            raise MachineError(f"{p}: expected a mapping with 'devices'")
+            raise MachineError(f"{p}: expected a mapping with 'devices' (see `opsched machine knl-68 --yaml`)")
         return cls.from_dict(data, where=str(p))
 
-    def to_yaml(self) -> str:
+    def to_yaml(self, comments: bool = True) -> str:
+        """This machine as YAML that :meth:`from_yaml` reads back unchanged; with
+        ``comments`` (the default) a template for your own: every field
+        explained, with its unit."""
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if not comments:
+            return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        d = self.to_dict()
+        out = [
+            "# An opsched machine.  Edit the figures, then pass --machine FILE.yaml to any command.",
+            "# Units: GFLOP/s, GB/s, GB, microseconds.  One host device with id 'cpu' (kind cpu), then",
+            "# any GPUs ('gpu:0', 'gpu:1', ...).  Every field is checked when the file is read.",
+            f"name: {_scalar(d['name'])}",
+            "# what the figures describe, and where they come from (free text)",
+            f"description: {_scalar(d['description'])}",
+            f"source: {_scalar(d['source'])}",
+            "devices:",
+        ]
+        explained: set[str] = set()
+        for dev in d["devices"]:
+            notes = _device_notes(dev["kind"]) if dev["kind"] not in explained else {}
+            explained.add(dev["kind"])
+            out += _yaml_entry(dev, notes)
+        if d["links"]:
+            out.append("# data paths between devices, both directions (two GPUs without one talk through 'cpu')")
+            out.append("links:")
+            for k, link in enumerate(d["links"]):
+                out += _yaml_entry(link, LINK_FIELDS if k == 0 else {})
+        else:
+            out.append("links: []  # data paths between devices: none on a CPU-only machine")
+        return "\n".join(out) + "\n"
 
     # ------------------------------------------------------------------ probe
     @classmethod
@@ -261,6 +413,55 @@ class Machine:
             description=f"this machine ({platform.node() or 'unknown host'}): {model}",
             source="Machine.probe()",
         )
+
+
+def _make(cls: type, raw: Any, label: str, fields_doc: Mapping[str, str], required: tuple[str, ...],
+          where: str) -> Any:
+    """A Device or Link from one entry of a machine file, with errors naming the entry."""
+    if not isinstance(raw, Mapping):
+        raise MachineError(f"{where}: {label} must be a mapping of fields, got {_shown(raw)}")
+    if isinstance(raw.get("id"), str):
+        label = f"{label} ({raw['id']!r})"
+    for key in raw:
+        if key not in fields_doc:
+            raise MachineError(f"{where}: {label}: unknown field {key!r}; the fields are {', '.join(fields_doc)}")
+    for key in required:
+        if key not in raw:
+            raise MachineError(f"{where}: {label}: missing field {key!r} ({fields_doc[key]})")
+    try:
+        return cls(**raw)
+    except MachineError as exc:
+        raise MachineError(f"{where}: {exc}") from None
+
+
+def _device_notes(kind: str) -> dict[str, str]:
+    """The template's comments for a device of ``kind``: what each field means there."""
+    notes = dict(DEVICE_FIELDS)
+    if kind == "cpu":
+        notes.update(cores="physical cores: the slots intra-op threads take", sockets="CPU sockets (NUMA nodes)",
+                     gflops="peak FP32 GFLOP/s of ONE core (not of the whole CPU)",
+                     mem_bandwidth_gbs="memory bandwidth in GB/s, all cores and sockets together")
+    else:
+        notes.update(cores="concurrent streams (an op on a GPU takes one)", sockets="1 for a GPU",
+                     smt="1 for a GPU", gflops="peak FP32 GFLOP/s of the whole GPU",
+                     mem_bandwidth_gbs="device memory bandwidth in GB/s")
+    return notes
+
+
+def _yaml_entry(entry: Mapping[str, Any], notes: Mapping[str, str]) -> list[str]:
+    """One list entry (a device or a link) as YAML lines, each field with its note."""
+    lines = [f"  {'- ' if k == 0 else '  '}{key}: {_scalar(value)}" for k, (key, value) in enumerate(entry.items())]
+    width = max(len(line) for line in lines)
+    return [f"{line.ljust(width)}  # {notes[key]}" if key in notes else line
+            for line, key in zip(lines, entry)]
+
+
+def _scalar(value: Any) -> str:
+    """One YAML scalar, quoted where YAML needs it (PyYAML's own representer)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=False, width=1 << 30)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
 
 
 def _probe_cpu() -> tuple[int, int, int, str]:
@@ -323,73 +524,14 @@ def _probe_gpus() -> list[tuple[str, float]]:
 
 
 # --------------------------------------------------------------------- presets
-def _gpu_machine(name: str, n_gpus: int, gpu: dict[str, Any], host: dict[str, Any],
-                 host_link: tuple[float, float], peer_link: tuple[float, float] | None,
-                 description: str, source: str) -> Machine:
-    devices = [Device(id="cpu", kind="cpu", **host)]
-    links = []
-    for i in range(n_gpus):
-        devices.append(Device(id=f"gpu:{i}", kind="gpu", **gpu))
-        links.append(Link("cpu", f"gpu:{i}", *host_link))
-    if peer_link:
-        for i in range(n_gpus):
-            for j in range(i + 1, n_gpus):
-                links.append(Link(f"gpu:{i}", f"gpu:{j}", *peer_link))
-    return Machine(name=name, devices=tuple(devices), links=tuple(links), description=description, source=source)
+#: The presets, as YAML files in the format of ``--machine FILE.yaml`` (each with
+#: the sources of its figures): the papers' machines and three GPU servers.
+PRESET_DIR = Path(__file__).with_name("presets")
+PRESET_NAMES = ("knl-68", "xeon-8180-2s", "dgx1-4v100", "2x2080ti", "4xa6000")
 
 
 def _presets() -> dict[str, Machine]:
-    knl = Machine(
-        name="knl-68",
-        devices=(
-            Device(id="cpu", kind="cpu", cores=68, gflops=44.8, mem_bandwidth_gbs=400.0, memory_gb=16.0,
-                   sockets=1, smt=4, name="Intel Xeon Phi 7250 (Knights Landing)"),
-        ),
-        description="68-core Intel Xeon Phi 7250 in flat MCDRAM mode, the machine of the Graphi paper",
-        source=("Graphi (Tang et al., 2018) sec. 5; Intel ARK Xeon Phi 7250: 68 cores @1.4 GHz, "
-                "2 AVX-512 VPUs -> 64 SP FLOP/cycle peak, derated to 32 sustained (44.8 GFLOP/s/core); "
-                "MCDRAM ~400 GB/s stream"),
-    )
-    xeon = Machine(
-        name="xeon-8180-2s",
-        devices=(
-            Device(id="cpu", kind="cpu", cores=56, gflops=121.6, mem_bandwidth_gbs=210.0, memory_gb=192.0,
-                   sockets=2, smt=2, name="2x Intel Xeon Platinum 8180"),
-        ),
-        description="2-socket Intel Xeon Platinum 8180 (2x28 cores), a common TensorFlow CPU server",
-        source=("Intel ARK Xeon Platinum 8180: 28 cores, AVX-512 all-core ~1.9 GHz x 64 SP FLOP/cycle = "
-                "121.6 GFLOP/s/core; 6 DDR4-2666 channels per socket, ~105 GB/s stream per socket"),
-    )
-    dgx = _gpu_machine(
-        "dgx1-4v100", 4,
-        gpu=dict(cores=4, gflops=15700.0, mem_bandwidth_gbs=900.0, memory_gb=16.0, name="NVIDIA V100-SXM2-16GB"),
-        host=dict(cores=40, gflops=70.4, mem_bandwidth_gbs=150.0, memory_gb=512.0, sockets=2, smt=2,
-                  name="2x Intel Xeon E5-2698 v4"),
-        host_link=(12.0, 10.0), peer_link=(25.0, 5.0),
-        description="4 V100s of a DGX-1 with NVLink between them, one of NN Maestro's set-ups",
-        source=("NN Maestro (4x V100); NVIDIA V100 datasheet: 15.7 TFLOP/s FP32, 900 GB/s HBM2; "
-                "NVLink 2.0 25 GB/s per direction per link; host PCIe 3.0 x16 ~12 GB/s effective"),
-    )
-    rtx = _gpu_machine(
-        "2x2080ti", 2,
-        gpu=dict(cores=4, gflops=13450.0, mem_bandwidth_gbs=616.0, memory_gb=11.0, name="NVIDIA GeForce RTX 2080 Ti"),
-        host=dict(cores=8, gflops=89.6, mem_bandwidth_gbs=40.0, memory_gb=64.0, name="8-core desktop CPU"),
-        host_link=(12.0, 10.0), peer_link=(10.0, 15.0),
-        description="2 RTX 2080 Ti over PCIe 3.0 (no NVLink), one of NN Maestro's set-ups",
-        source=("NN Maestro (2x 2080Ti); NVIDIA Turing whitepaper: 13.4 TFLOP/s FP32, 616 GB/s GDDR6; "
-                "PCIe 3.0 x16 ~12 GB/s to host, ~10 GB/s peer-to-peer through the switch"),
-    )
-    a6000 = _gpu_machine(
-        "4xa6000", 4,
-        gpu=dict(cores=4, gflops=38700.0, mem_bandwidth_gbs=768.0, memory_gb=48.0, name="NVIDIA RTX A6000"),
-        host=dict(cores=32, gflops=80.0, mem_bandwidth_gbs=200.0, memory_gb=256.0, sockets=1, smt=2,
-                  name="32-core workstation CPU"),
-        host_link=(24.0, 8.0), peer_link=(20.0, 10.0),
-        description="4 RTX A6000 over PCIe 4.0, one of NN Maestro's set-ups",
-        source=("NN Maestro (4x A6000); NVIDIA RTX A6000 datasheet: 38.7 TFLOP/s FP32, 768 GB/s GDDR6, "
-                "PCIe 4.0 x16 ~24 GB/s effective to host, ~20 GB/s peer-to-peer"),
-    )
-    return {m.name: m for m in (knl, xeon, dgx, rtx, a6000)}
+    return {name: Machine.from_yaml(PRESET_DIR / f"{name}.yaml") for name in PRESET_NAMES}
 
 
 PRESETS: dict[str, Machine] = _presets()
@@ -425,15 +567,24 @@ def get_machine(spec: str | Machine | None = None) -> Machine:
 
 def _cpu_machine(spec: str) -> Machine:
     """``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``."""
+    form = "cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]"
     parts = spec.split(":")[1:]
+    if len(parts) not in (3, 4):
+        raise MachineError(f"machine spec {spec!r}: expected {form} (3 or 4 fields after 'cpu:', got {len(parts)})")
+    names = ("CORES", "GFLOPS_PER_CORE", "MEM_GBS", "SOCKETS")
+    values: list[Any] = []
+    for name, text in zip(names, parts):
+        try:
+            values.append(int(text) if name in ("CORES", "SOCKETS") else float(text))
+        except ValueError:
+            kind = "a whole number" if name in ("CORES", "SOCKETS") else "a number"
+            raise MachineError(f"machine spec {spec!r}: {name} must be {kind}, got {text!r} ({form})") from None
+    cores, gflops, bandwidth = values[:3]
+    sockets = values[3] if len(values) == 4 else 1
     try:
-        if len(parts) not in (3, 4):
-            raise ValueError(spec)
-        cores, sockets = int(parts[0]), int(parts[3]) if len(parts) == 4 else 1
-        device = Device(id="cpu", kind="cpu", cores=cores, gflops=float(parts[1]), mem_bandwidth_gbs=float(parts[2]),
+        device = Device(id="cpu", kind="cpu", cores=cores, gflops=gflops, mem_bandwidth_gbs=bandwidth,
                         memory_gb=64.0, sockets=sockets, name=f"{cores}-core {sockets}-socket CPU")
-    except (ValueError, TypeError) as exc:
-        raise MachineError(f"machine spec {spec!r}: expected cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS] "
-                           f"with whole numbers of cores and sockets ({exc})") from None
+    except MachineError as exc:
+        raise MachineError(f"machine spec {spec!r}: {exc} ({form})") from None
     return Machine(name=spec.replace(":", "-"), devices=(device,), description="CPU-only machine",
                    source="opsched.machine cpu: spec")

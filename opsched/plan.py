@@ -156,14 +156,9 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise PlanError(f"{p}: no such plan file") from None
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{p}: not valid JSON, perhaps truncated ({exc})") from None
-        return cls.from_dict(data, where=str(p))
+        from opsched.io import read_json
+
+        return cls.from_dict(read_json(path, PlanError, "plan"), where=str(path))
 
     # ------------------------------------------------------------- helpers
     def dispatch_order(self, graph: OpGraph) -> list[int]:

@@ -31,7 +31,7 @@ PERF_MODELS = ("auto", "analytic", "fitted")
 #: many cores (median over ops) is not planned with.
 LOADED_PROFILE_CORES = 0.25
 #: Real backends with a runtime model that ``opsched profile`` fits.
-RUNTIME_BACKENDS = ("torch-cpu",)
+RUNTIME_BACKENDS = ("torch-cpu", "ort")
 
 
 class LoadWarning(UserWarning):
@@ -85,11 +85,17 @@ def planning_model(machine: Machine, backend: str = "torch-cpu", choice: str = "
     from opsched.backends.runtime_fit import load_runtime
 
     cache = cache_dir or default_cache_dir()
-    profiles = quiet_profiles(machine, cache)
+    if backend == "ort":  # ONNX Runtime's kernel profiles live apart from PyTorch's op profiles
+        from opsched.backends.ort_profiler import ort_cache_dir
+
+        profiles = quiet_profiles(machine, ort_cache_dir(cache))
+    else:
+        profiles = quiet_profiles(machine, cache)
     if not profiles:
         if choice == "fitted":
+            how = " --backend ort" if backend == "ort" else ""
             raise OpschedError(f"--perf-model fitted: no usable profiles of this machine ({machine.fingerprint()}) "
-                               f"in {cache}; run `opsched profile zoo:resnet50` (or your model) first")
+                               f"in {cache}; run `opsched profile zoo:resnet50{how}` (or your model) first")
         return AnalyticModel()
     fitted = FittedModel(profiles)
     runtime = load_runtime(machine, backend, cache) if backend in RUNTIME_BACKENDS else None
@@ -126,7 +132,7 @@ def policy_key(policy: Any) -> str:
     return f"{policy.name}:{digest}" if digest else policy.name
 
 
-_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+_PLANS: OrderedDict[tuple, Any] = OrderedDict()
 _PLANS_MAX = 64
 _LOCK = threading.Lock()
 
@@ -134,19 +140,42 @@ _LOCK = threading.Lock()
 def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
     """``policy.plan(graph, machine, model)``, cached by policy, graph and
     machine fingerprint and the model's name."""
-    key = (policy_key(policy), graph.fingerprint(), machine.fingerprint(), getattr(model, "name", None))
+    found = candidates_cached(policy, graph, machine, model)
+    if found is not None:
+        from opsched.policies.exported import pick
+
+        return pick(found)
+    return _cached(("plan", *_key(policy, graph, machine, model)), lambda: policy.plan(graph, machine, model))
+
+
+def candidates_cached(policy: Any, graph: OpGraph, machine: Machine,
+                      model: PerfModel | None = None) -> dict[str, tuple[Plan, float]] | None:
+    """``policy.plan_candidates(graph, machine, model)`` (every plan the learned
+    policy chose among, with its predicted makespan), cached like
+    :func:`plan_cached`; None for a policy that plans one way only (a heuristic)."""
+    if not hasattr(policy, "plan_candidates"):
+        return None
+    return _cached(("candidates", *_key(policy, graph, machine, model)),
+                   lambda: policy.plan_candidates(graph, machine, model))
+
+
+def _key(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None) -> tuple:
+    return (policy_key(policy), graph.fingerprint(), machine.fingerprint(), getattr(model, "name", None))
+
+
+def _cached(key: tuple, make: Any) -> Any:
     with _LOCK:
         hit = _PLANS.get(key)
         if hit is not None:
             _PLANS.move_to_end(key)
             return hit
-    plan = policy.plan(graph, machine, model)
+    value = make()
     with _LOCK:
-        _PLANS[key] = plan
+        _PLANS[key] = value
         while len(_PLANS) > _PLANS_MAX:
             _PLANS.popitem(last=False)
-    return plan
+    return value
 
 
-__all__ = ["PERF_MODELS", "LoadWarning", "describe", "plan_cached", "planning_model", "policy_key",
+__all__ = ["PERF_MODELS", "LoadWarning", "candidates_cached", "describe", "plan_cached", "planning_model", "policy_key",
            "quiet_profiles", "resolve_policy"]

@@ -7,7 +7,9 @@ against eager execution), and times every configuration with
 :func:`opsched.timing.interleave` (warm-up, interleaved rounds, medians, the
 load they ran under).  References: eager PyTorch for a torch model;
 TensorFlow's own settings (``tf-default``) and the recommended ones
-(``tf-recommended``) for a Keras model.  The result is plain JSON-ready data;
+(``tf-recommended``) for a Keras model; on the ``ort`` backend, ONNX
+Runtime's sequential execution at its default threads (``ort-sequential``,
+the row speed-ups are relative to) and, for a torch model, eager PyTorch.  The result is plain JSON-ready data;
 the command only formats it.
 """
 
@@ -33,9 +35,42 @@ def plan_summary(plan: Any) -> str:
     return f"threads {'/'.join(map(str, threads))}" + (f", {waits} holds" if waits else "")
 
 
+def _ort_references(loaded: Any, fast: Any) -> tuple[dict[str, Config], dict[str, bool]]:
+    """ONNX Runtime's sequential session at its default threads (the exported
+    model for a torch model) and eager PyTorch for a torch model; outputs
+    checked against the scheduled run's reference like a plan's."""
+    from opsched.backends.ort_apply import EXPORT_ATOL, EXPORT_RTOL, reference_session, run_reference
+    from opsched.scheduled import outputs_equal
+
+    graph = fast.graph
+    sess = reference_session(graph)
+    feeds = dict(zip(graph.source.inputs, graph.source.check_inputs(fast.example_inputs), strict=True))
+    names = list(graph.source.outputs)
+    seq = run_reference(sess, graph, fast.example_inputs)
+    configs: dict[str, Config] = {"ort-sequential": (wall_clock(lambda: sess.run(names, feeds)),
+                                                     "ONNX Runtime sequential, default threads")}
+    same = {"ort-sequential": True}
+    if loaded.framework == "torch":
+        import torch
+
+        module, inputs = loaded.model, loaded.inputs
+
+        def eager() -> float:
+            with torch.no_grad():
+                return wall_clock(lambda: module(*inputs))()
+
+        configs["eager"] = (eager, f"torch default ({torch.get_num_threads()} threads)")
+        with torch.no_grad():
+            want = [x.detach().numpy() for x in torch.utils._pytree.tree_leaves(module(*inputs))]
+        same["eager"] = same["ort-sequential"] = outputs_equal(seq, want, EXPORT_RTOL, EXPORT_ATOL)
+    return configs, same
+
+
 def _references(loaded: Any, fast: Any, machine: Any, be: Any) -> tuple[dict[str, Config], dict[str, bool]]:
     """The framework's own execution: eager PyTorch, or TensorFlow at its default
     and recommended thread settings (whose outputs are checked like a plan's)."""
+    if getattr(be, "name", "") == "ort":
+        return _ort_references(loaded, fast)
     if loaded.framework == "torch":
         import torch
 
@@ -62,11 +97,14 @@ def _references(loaded: Any, fast: Any, machine: Any, be: Any) -> tuple[dict[str
 def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "auto", batch: int = 1,
               width: float = 1.0, repeats: int = 10, warmup: int = 2, plan_file: Path | None = None,
               save_plan: Path | None = None, perf_model: str = "auto",
-              on_call: Callable[[int, int], None] | None = None, runtime: Any = None) -> dict[str, Any]:
+              on_call: Callable[[int, int], None] | None = None, runtime: Any = None,
+              measure: int | None = None) -> dict[str, Any]:
     """Everything ``opsched apply`` does, returning the figures (see the module docstring).
 
     ``runtime``: an open backend to reuse (its machine is the one planned for);
-    by default the process's shared backend for this machine's CPU."""
+    by default the process's shared backend for this machine's CPU.
+    ``measure``: candidate plans of a learned policy timed before choosing
+    (``opsched.apply``'s ``measure``; None: its default)."""
     import warnings
 
     from opsched.plan import Plan
@@ -79,6 +117,16 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     loaded = load_model(model_spec, batch, width)
     name = resolve_backend(backend, loaded.framework, repr(model_spec))
     machine = (runtime.machine if runtime is not None else load_machine("local")).cpu_only()
+    if name == "ort":  # import once, from the export cache for a torch spec (apply then reuses the graph)
+        from opsched.backends.ort_apply import remember
+        from opsched.specs import onnx_graph_of
+
+        try:
+            remember(loaded.model, loaded.inputs, onnx_graph_of(loaded, width), loaded.batch)
+        except OpschedError:
+            if backend != "auto" or loaded.framework != "torch":
+                raise
+            name = "torch-cpu"  # auto: the export does not work; the PyTorch runtime schedules the module
     model = planning_model(machine, name, perf_model)
     saved = Plan.load(plan_file) if plan_file is not None else None
 
@@ -87,8 +135,9 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     for key, pol, plan in (("critical-path-first", "critical-path-first", None), ("policy", policy, saved)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleFallbackWarning)
+            extra = {} if measure is None else {"measure": measure}
             sm = apply(pol, loaded.model, loaded.inputs, backend=name, machine=machine, perf_model=model,
-                       plan=plan, runtime=runtime, batch=loaded.batch)
+                       plan=plan, runtime=runtime, batch=loaded.batch, **extra)
         if not sm.scheduled:
             fallbacks[key] = sm.fallback_reason or "; ".join(str(w.message) for w in caught)
         scheduled[key] = sm
@@ -107,11 +156,17 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     be = runtime if runtime is not None else shared_backend(name, machine)
     configs, same = _references(loaded, fast, machine, be)
     inputs = loaded.inputs if loaded.framework == "torch" else fast.example_inputs
+    if name == "ort":
+        inputs = fast.example_inputs
     for key, sm in (("critical-path-first", scheduled["critical-path-first"]), (label, fast)):
         configs[key] = (lambda sm=sm: sm.time_call(*inputs), plan_summary(sm.plan) if sm.scheduled
                         else f"eager (fallback: {sm.fallback_reason})")
         # opsched.apply checked the scheduled outputs against eager; a mismatch made it fall back
-        same[key] = "differ from eager" not in (sm.fallback_reason or "")
+        same[key] = "differ from" not in (sm.fallback_reason or "")
+    if name == "ort":  # ONNX Runtime's intra-op threads spin for a while after a run: time each call as alone
+        from opsched.backends.ort_apply import after_gap
+
+        configs = {k: (after_gap(fn), desc) for k, (fn, desc) in configs.items()}
     worker_pids = getattr(be, "worker_pids", None)
     timings = interleave({k: c[0] for k, c in configs.items()}, warmup, repeats,
                          pids=worker_pids() if callable(worker_pids) else (), on_call=on_call)
@@ -127,7 +182,8 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
         "model": model_spec, "framework": loaded.framework, "backend": name, "reference": reference,
         "batch": batch, "width": width, "graph": fast.graph.name, "n_ops": len(fast.graph.ops),
         "machine": machine.name, "cores": machine.cpu.cores, "perf_model": describe(model), "policy": policy_desc,
-        "plan_s": fast.plan_s, "coarsened": bool(fast.plan.meta.get("coarsened", False)) if fast.plan else False,
+        "plan_s": fast.plan_s, "chosen": fast.plan.meta.get("chosen") if fast.plan else None,
+        "measured": fast.plan.meta.get("measured") if fast.plan else None, "coarsened": bool(fast.plan.meta.get("coarsened", False)) if fast.plan else False,
         "repeats": repeats, "warmup": warmup, "rows": rows, "fallbacks": fallbacks, "load": timings.load_record(),
         "load_warning": timings.warning(),
         "policy_vs_cpf": timings.median("critical-path-first") / timings.median(label),

@@ -22,11 +22,14 @@ Graph and model specs (:func:`load_graph`, :func:`load_model`):
                                     Keras model (or ``(keras_model, inputs)``);
                                     it also gets ``width=`` / ``seed=`` if it
                                     accepts them
+``path/to/model.onnx``              an ONNX model, run by ONNX Runtime (the ``ort``
+                                    backend); ``batch`` fills a symbolic first
+                                    input dimension
 ==================================  ==========================================
 
-Machine specs (:func:`load_machine`, which is :func:`opsched.machine.get_machine`):
-``local`` (this machine, probed), a preset, a YAML file, or
-``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``.
+Machine specs (:func:`load_machine`): ``local`` (this machine, probed), a
+preset, a YAML file, ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``, or
+``random:SEED`` (a draw of the randomized training family).
 
 Torch models (zoo and ``.py``) import through
 :func:`opsched.importers.torch_fx.from_torch`, so their graphs carry an
@@ -34,6 +37,12 @@ executable ``TorchSource``; Keras models through
 :func:`opsched.importers.tf_graph.from_keras` (a ``TFSource``); JSON and
 synthetic graphs have none (simulation only).  TensorFlow is imported only for
 Keras specs (or when a ``.py`` factory has imported it itself).
+
+ONNX models import through :func:`opsched.importers.onnx_graph.from_onnx`:
+the graph ONNX Runtime runs after its optimisations, with an executable
+``OnnxSource``.  :func:`load_onnx_graph` gives that graph for a torch spec too
+(the module exported with ``torch.onnx.export``, cached under
+``runs/onnx_cache`` by model, size, seed and the sources that built it).
 """
 
 from __future__ import annotations
@@ -52,11 +61,8 @@ from opsched.errors import GraphError, ModelImportError
 from opsched.graph import OpGraph
 from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
-#: The machine grammar; ``load_machine`` is :func:`opsched.machine.get_machine`.
-load_machine = get_machine
-
 SPEC_KINDS = ("zoo:NAME[@BxW], keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
-              "a .json graph file, or path/to/module.py:factory")
+              "a .json graph file, path/to/model.onnx, or path/to/module.py:factory")
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,9 @@ class LoadedModel:
     ``framework`` is ``"torch"`` (``model`` an ``nn.Module`` in eval mode,
     ``inputs`` its example inputs) or ``"keras"`` (``model`` a built Keras
     model, ``inputs`` numpy arrays the factory gave, or ``None``: then the
-    importer's deterministic random inputs are used).  ``name`` names the graph.
+    importer's deterministic random inputs are used), or ``"onnx"`` (``model``
+    the ``.onnx`` file's path, ``inputs`` random numpy arrays of its input
+    shapes).  ``name`` names the graph.
     """
 
     framework: str
@@ -215,6 +223,23 @@ def _keras_application(spec: str, width: float, seed: int) -> Any:
         raise ModelImportError(f"model spec {spec!r}: keras.applications.{name}({kwargs}) failed: {exc}") from None
 
 
+def load_machine(spec: str | Machine | None = None) -> Machine:
+    """The machine a spec names: ``random:SEED`` (a draw of the randomized family
+    the policy trains on, :mod:`opsched.machine_family`), else
+    :func:`opsched.machine.get_machine` (``local``, a preset, a YAML file,
+    ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``)."""
+    if isinstance(spec, str) and spec.startswith("random:"):
+        from opsched.errors import MachineError
+        from opsched.machine_family import random_machine
+
+        try:
+            seed = int(spec[len("random:"):])
+        except ValueError:
+            raise MachineError(f"machine spec {spec!r}: expected random:SEED with an integer seed") from None
+        return random_machine(seed)
+    return get_machine(spec)
+
+
 def _zoo_size(spec: str, batch: int, width: float) -> tuple[str, int, float]:
     """``zoo:NAME[@BxW]`` -> (NAME, batch, width); the spec's size wins over the caller's."""
     name, _, size = spec[len("zoo:"):].partition("@")
@@ -244,6 +269,13 @@ def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> 
     if spec.startswith("keras:"):
         model = _keras_application(spec, width, seed)
         return LoadedModel("keras", model, None, spec[len("keras:"):].split(":")[0], spec, batch)
+    if spec.endswith(".onnx"):
+        from opsched.importers.onnx_graph import example_inputs
+
+        path = Path(spec)
+        if not path.is_file():
+            raise ModelImportError(f"model spec {spec!r}: no such ONNX file")
+        return LoadedModel("onnx", path, example_inputs(path, batch, seed), path.stem, spec, batch)
     py = _split_py(spec)
     if py is not None:
         path, factory = py
@@ -266,7 +298,12 @@ def load_torch_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 
 
 
 def import_graph(loaded: LoadedModel) -> OpGraph:
-    """The OpGraph of a loaded model, with its executable source (torch FX or a frozen TF GraphDef)."""
+    """The OpGraph of a loaded model, with its executable source (torch FX, a frozen TF GraphDef, or
+    the graph ONNX Runtime runs)."""
+    if loaded.framework == "onnx":
+        from opsched.importers.onnx_graph import from_onnx
+
+        return from_onnx(loaded.model, loaded.inputs, name=loaded.name)
     if loaded.framework == "keras":
         from opsched.importers.tf_graph import from_keras
 
@@ -280,7 +317,7 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
                cache_dir: str | Path | None = None) -> OpGraph:
     """The OpGraph a spec names (see the module docstring for the grammar).
 
-    Zoo graphs are traced from real torch modules (seconds each); with
+    Zoo and Keras graphs are traced from real models (seconds each); with
     ``cache_dir`` their JSON is kept there, keyed by the spec, the size and the
     importer sources, and reused -- such a graph carries no executable source
     (simulation only: training and evaluation in the simulator)."""
@@ -305,9 +342,15 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
         return generate(head, n_ops, s, **_parse_options(parts[2:], spec))
     if spec.endswith(".json"):
         return OpGraph.load(spec)
-    if spec.startswith("zoo:") and cache_dir is not None:
-        name, b, w = _zoo_size(spec, batch, width)
-        key = hashlib.sha256(f"zoo:{name}@{b}x{w}:{seed}|{_importer_hash()}".encode()).hexdigest()[:20]
+    if spec.endswith(".onnx"):
+        return import_graph(load_model(spec, batch, width, seed))
+    if spec.startswith(("zoo:", "keras:")) and cache_dir is not None:
+        if spec.startswith("zoo:"):
+            name, b, w = _zoo_size(spec, batch, width)
+            ident = f"zoo:{name}@{b}x{w}:{seed}"
+        else:
+            ident = f"{spec}@{batch}x{width}:{seed}"
+        key = hashlib.sha256(f"{ident}|{_importer_hash()}".encode()).hexdigest()[:20]
         path = Path(cache_dir) / f"{key}.json"
         if path.is_file():
             return OpGraph.load(path)
@@ -319,6 +362,51 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
             or _split_py(spec) is not None):
         return import_graph(load_model(spec, batch, width, seed))
     raise GraphError(f"unknown graph spec {spec!r}; {_available()}")
+
+
+def load_onnx_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
+                    opt_level: str = "all", cache_dir: str | Path | None = None) -> OpGraph:
+    """The graph ONNX Runtime runs for a model spec (the ``ort`` backend's graph):
+    an ``.onnx`` file as it is, a torch model (zoo or ``.py``) exported with
+    ``torch.onnx.export`` first - cached under ``cache_dir`` (default
+    ``runs/onnx_cache``) by the spec, size, seed and the sources that built
+    the model.  :class:`~opsched.errors.ModelImportError` when the export fails."""
+    return onnx_graph_of(load_model(spec, batch, width, seed), width, seed, opt_level=opt_level, cache_dir=cache_dir)
+
+
+def onnx_graph_of(loaded: LoadedModel, width: float = 1.0, seed: int = 0, *, opt_level: str = "all",
+                  cache_dir: str | Path | None = None) -> OpGraph:
+    """:func:`load_onnx_graph` of an already loaded model (``width`` and ``seed`` it was loaded with)."""
+    from opsched.importers.onnx_graph import DEFAULT_EXPORT_DIR, from_onnx, from_torch_via_onnx
+
+    spec = loaded.spec
+    if loaded.framework == "onnx":
+        return from_onnx(loaded.model, loaded.inputs, name=loaded.name, opt_level=opt_level)
+    if loaded.framework != "torch":
+        raise ModelImportError(f"model spec {spec!r} is a {loaded.framework} model; ONNX Runtime runs ONNX files "
+                               "and PyTorch models (exported to ONNX)")
+    return from_torch_via_onnx(loaded.model, loaded.inputs, name=loaded.name, key=onnx_export_key(loaded, width, seed),
+                               cache_dir=DEFAULT_EXPORT_DIR if cache_dir is None else cache_dir, opt_level=opt_level)
+
+
+def onnx_export_key(loaded: LoadedModel, width: float = 1.0, seed: int = 0) -> str | None:
+    """The export cache key of a loaded torch model: its spec, size and seed, and the
+    source files that build it (the zoo's, or the user's ``.py``); None for others."""
+    from opsched.importers.onnx_graph import export_key
+    from opsched.zoo import ZOO
+
+    spec = loaded.spec
+    name = spec[len("zoo:"):].partition("@")[0] if spec.startswith("zoo:") else spec
+    parts = [spec, f"b{loaded.batch}", f"w{width}", f"s{seed}"]
+    if name in ZOO:
+        import opsched.zoo
+
+        folder = Path(opsched.zoo.__file__).parent
+        return export_key(parts, [folder / f"{ZOO[name].module}.py", folder / "_layers.py"])
+    py = _split_py(spec)
+    if py is not None:
+        return export_key(parts, [py[0]])
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -337,4 +425,4 @@ def _importer_hash() -> str:
 
 
 __all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "import_graph", "load_graph", "load_machine",
-           "load_model", "load_torch_model"]
+           "load_model", "load_onnx_graph", "load_torch_model", "onnx_export_key", "onnx_graph_of"]

@@ -8,7 +8,9 @@ give it unlimited fresh ones with the *statistics* of real networks:
 * ``erdos_renyi``: each pair (i < j) of ops joined with probability p, chosen so
   the mean in-degree is about 2 (Xie et al.'s ER wiring, oriented by index);
 * ``watts_strogatz``: a ring lattice of degree k rewired with probability p,
-  oriented by index (Xie et al.'s WS wiring, their best RandWire family).
+  oriented by index (Xie et al.'s WS wiring, their best RandWire family);
+* ``matmul_chains``, ``ffn``, ``transformer``: the model-parallel graphs of the
+  device-placement literature, where spreading over several GPUs can pay.
 
 Op costs look like real ops: each op draws a kind from a mix weighted like
 imported CNNs and transformers, a tensor size (log-uniform), and derives its
@@ -178,11 +180,155 @@ def watts_strogatz(n_ops: int = 100, seed: int = 0, k: int = 4, p: float = 0.75)
                   {"source": "synthetic", "family": "watts_strogatz", "seed": seed, "k": k, "p": p})
 
 
+# ------------------------------------------- model-parallel placement graphs
+# The device-placement literature's graphs (Mirhoseini et al.'s and Placeto's
+# model-parallel nets, NN Maestro's layer groups, GDP's transformer layers):
+# branches of GPU-sized work whose inputs and outputs are large enough that a
+# transfer costs about as much as a branch, so where spreading over several
+# GPUs pays depends on the link speeds.  Float32, FLOPs counted as 2 per
+# multiply-add.
+
+def _mm(op_id: str, m: int, k: int, n: int, kind: str = "matmul") -> Op:
+    return Op(id=op_id, name=f"{kind}_{op_id}", kind=kind, flops=2.0 * m * k * n, bytes_read=4.0 * (m * k + k * n),
+              bytes_written=4.0 * m * n, param_bytes=4.0 * k * n, shape=(m, n), dtype="float32")
+
+
+def _ew(op_id: str, m: int, n: int, kind: str = "elementwise", reads: int = 1) -> Op:
+    return Op(id=op_id, name=f"{kind}_{op_id}", kind=kind, flops=0.0, bytes_read=4.0 * m * n * reads,
+              bytes_written=4.0 * m * n, param_bytes=0.0, shape=(m, n), dtype="float32")
+
+
+def _wire(name: str, ops: list[Op], pairs: list[tuple[int, int]], meta: dict, n_ops: int, m: int,
+          d: int) -> OpGraph:
+    """The graph of exactly ``n_ops`` ops: the structure, then a chain of
+    activations from its last op up to the count (a structure larger than
+    ``n_ops`` becomes a plain chain of ``n_ops`` matmuls of the same size)."""
+    if len(ops) > n_ops:
+        ops = [_mm(f"mm{i}", m, d, d) for i in range(n_ops)]
+        pairs = [(i, i + 1) for i in range(n_ops - 1)]
+    last = len(ops) - 1
+    while len(ops) < n_ops:
+        ops.append(_ew(f"tail{len(ops)}", m, d))
+        pairs.append((last, len(ops) - 1))
+        last = len(ops) - 1
+    edges = [Edge(ops[a].id, ops[b].id, ops[a].bytes_written) for a, b in pairs]
+    return OpGraph(tuple(ops), tuple(edges), name=f"{name}-{n_ops}-s{meta['seed']}", meta=meta)
+
+
+def _placement_size(rng: np.random.Generator, batch: int | None, width: int | None) -> tuple[int, int]:
+    m = int(batch) if batch else int(rng.choice((128, 256, 512, 1024, 2048)))
+    d = int(width) if width else int(rng.choice((1024, 2048, 4096, 8192)))
+    return m, d
+
+
+def matmul_chains(n_ops: int = 40, seed: int = 0, chains: int = 4, batch: int | None = None,
+                  width: int | None = None) -> OpGraph:
+    """``chains`` independent chains of big matmuls (each followed by an activation)
+    from one input to a final sum: each chain fits one device."""
+    rng = np.random.default_rng(seed)
+    m, d = _placement_size(rng, batch, width)
+    chains = max(1, min(int(chains), max(1, (n_ops - 2) // 2)))
+    depth = max(1, (n_ops - 2) // (2 * chains))
+    ops, pairs = [_ew("in", m, d, "other")], []
+    ends = []
+    for c in range(chains):
+        prev = 0
+        for k in range(depth):
+            ops.append(_mm(f"c{c}_mm{k}", m, d, d))
+            pairs.append((prev, len(ops) - 1))
+            ops.append(_ew(f"c{c}_act{k}", m, d))
+            pairs.append((len(ops) - 2, len(ops) - 1))
+            prev = len(ops) - 1
+        ends.append(prev)
+    ops.append(_ew("sum", m, d, reads=chains))
+    pairs += [(e, len(ops) - 1) for e in ends]
+    return _wire("matmul_chains", ops, pairs,
+                 {"source": "synthetic", "family": "matmul_chains", "seed": seed, "batch": m, "width": d}, n_ops, m, d)
+
+
+def ffn(n_ops: int = 40, seed: int = 0, shards: int = 4, batch: int | None = None, width: int | None = None) -> OpGraph:
+    """A feed-forward network split tensor-parallel: each layer is ``shards``
+    matmuls on column slices of the weight, gathered by a concat (the
+    Megatron-style MLP)."""
+    rng = np.random.default_rng(seed)
+    m, d = _placement_size(rng, batch, width)
+    shards = max(1, int(shards))
+    layers = max(1, (n_ops - 1) // (shards + 2))
+    ops, pairs = [_ew("in", m, d, "other")], []
+    prev = 0
+    for layer in range(layers):
+        parts = []
+        for s in range(shards):
+            ops.append(_mm(f"l{layer}_s{s}", m, d, 4 * d // shards))
+            pairs.append((prev, len(ops) - 1))
+            parts.append(len(ops) - 1)
+        ops.append(_ew(f"l{layer}_gather", m, 4 * d, "concat_split"))
+        pairs += [(p, len(ops) - 1) for p in parts]
+        ops.append(_mm(f"l{layer}_down", m, 4 * d, d))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        prev = len(ops) - 1
+    return _wire("ffn", ops, pairs, {"source": "synthetic", "family": "ffn", "seed": seed, "batch": m, "width": d,
+                                     "shards": shards}, n_ops, m, d)
+
+
+def transformer(n_ops: int = 60, seed: int = 0, heads: int = 8, batch: int | None = None,
+                width: int | None = None) -> OpGraph:
+    """Transformer encoder layers with their attention heads as parallel branches
+    (per head: Q/K/V projections, attention, into the output projection), then
+    the MLP; residual adds and layer norms between (GDP's and Placeto's graphs)."""
+    rng = np.random.default_rng(seed)
+    m, d = _placement_size(rng, batch, width)
+    heads = max(1, int(heads))
+    dh = max(1, d // heads)
+    per_layer = 4 * heads + 7
+    layers = max(1, (n_ops - 1) // per_layer)
+    ops, pairs = [_ew("in", m, d, "other")], []
+    x = 0
+    for layer in range(layers):
+        outs = []
+        for h in range(heads):
+            qkv = []
+            for t in "qkv":
+                ops.append(_mm(f"l{layer}_h{h}_{t}", m, d, dh))
+                pairs.append((x, len(ops) - 1))
+                qkv.append(len(ops) - 1)
+            seq = max(1, min(m, 512))
+            att = Op(id=f"l{layer}_h{h}_att", name=f"attention_l{layer}_h{h}", kind="attention",
+                     flops=4.0 * m * seq * dh, bytes_read=12.0 * m * dh, bytes_written=4.0 * m * dh,
+                     param_bytes=0.0, shape=(m, dh), dtype="float32")
+            ops.append(att)
+            pairs += [(q, len(ops) - 1) for q in qkv]
+            outs.append(len(ops) - 1)
+        ops.append(_ew(f"l{layer}_concat", m, d, "concat_split"))
+        pairs += [(o, len(ops) - 1) for o in outs]
+        ops.append(_mm(f"l{layer}_proj", m, d, d))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        ops.append(_ew(f"l{layer}_res1", m, d, reads=2))
+        pairs += [(len(ops) - 2, len(ops) - 1), (x, len(ops) - 1)]
+        ops.append(_ew(f"l{layer}_norm1", m, d, "norm"))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        n1 = len(ops) - 1
+        ops.append(_mm(f"l{layer}_up", m, d, 4 * d))
+        pairs.append((n1, len(ops) - 1))
+        ops.append(_mm(f"l{layer}_down", m, 4 * d, d))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        ops.append(_ew(f"l{layer}_res2", m, d, reads=2))
+        pairs += [(len(ops) - 2, len(ops) - 1), (n1, len(ops) - 1)]
+        x = len(ops) - 1
+    return _wire("transformer", ops, pairs, {"source": "synthetic", "family": "transformer", "seed": seed,
+                                             "batch": m, "width": d, "heads": heads}, n_ops, m, d)
+
+
 FAMILIES: dict[str, Callable[..., OpGraph]] = {
     "layered": layered,
     "erdos_renyi": erdos_renyi,
     "watts_strogatz": watts_strogatz,
+    "matmul_chains": matmul_chains,
+    "ffn": ffn,
+    "transformer": transformer,
 }
+#: The model-parallel families (graphs where placement over several GPUs can pay).
+PLACEMENT_FAMILIES = ("matmul_chains", "ffn", "transformer")
 
 
 def generate(family: str, n_ops: int = 100, seed: int = 0, **options: float) -> OpGraph:
@@ -197,5 +343,6 @@ def generate(family: str, n_ops: int = 100, seed: int = 0, **options: float) -> 
         raise GraphError(f"synthetic {family}: bad option ({exc})") from None
 
 
-__all__ = ["FAMILIES", "KIND_MIX", "generate", "layered", "erdos_renyi", "watts_strogatz",
+__all__ = ["FAMILIES", "KIND_MIX", "PLACEMENT_FAMILIES", "generate", "layered", "erdos_renyi", "watts_strogatz",
+           "matmul_chains", "ffn", "transformer",
            "layered_edges", "erdos_renyi_edges", "watts_strogatz_edges", "random_op"]

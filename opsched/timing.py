@@ -85,10 +85,31 @@ def loadavg() -> tuple[float, float, float] | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), else the CPU count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def host_record() -> dict[str, Any]:
     """Where a measurement was taken: platform, CPU count and load average now."""
     return {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(), "loadavg": loadavg()}
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "loadavg": loadavg(),
+            "cpu_model": cpu_model(), "usable_cpus": usable_cpus()}
 
 
 def summary(xs: Iterable[float]) -> dict[str, float]:
@@ -101,6 +122,12 @@ def summary(xs: Iterable[float]) -> dict[str, float]:
     q = statistics.quantiles(a, n=4, method="inclusive") if len(a) > 1 else [a[0]] * 3
     return {"median": float(statistics.median(a)), "q1": float(q[0]), "q3": float(q[2]), "min": float(a[0]),
             "max": float(a[-1]), "n": len(a)}
+
+
+def geomean(xs: Iterable[float]) -> float:
+    """Geometric mean of the positive finite values of ``xs`` (NaN when there are none)."""
+    vals = [x for x in xs if x is not None and math.isfinite(x) and x > 0]
+    return float(math.exp(sum(math.log(x) for x in vals) / len(vals))) if vals else float("nan")
 
 
 @dataclass
@@ -117,6 +144,14 @@ class Timings:
 
     def stats(self, name: str) -> dict[str, float]:
         return summary(self.samples[name])
+
+    def ratios(self, ref: str) -> dict[str, dict[str, float]]:
+        """Per configuration, the :func:`summary` of its time over ``ref``'s, taken
+        round by round (so two configurations are compared only on neighbouring
+        measurements); a round where either has no finite time is left out."""
+        base = self.samples.get(ref, [])
+        return {name: summary(x / b for x, b in zip(xs, base) if b > 0 and math.isfinite(b) and math.isfinite(x))
+                for name, xs in self.samples.items()}
 
     @property
     def loaded_rounds(self) -> int:
@@ -179,6 +214,43 @@ def interleave(configs: Mapping[str, Callable[[], float]], warmup: int = 2, repe
     return out
 
 
+@dataclass
+class Clocked:
+    """Per call: this process's CPU seconds (all its threads), wall seconds, and the return value."""
+
+    cpu_s: list[float]
+    wall_s: list[float]
+    results: list[Any]
+
+    def per_second(self, units: float) -> dict[str, float]:
+        """Median ``units`` per second of CPU time and of wall time (``cpu``, ``wall``)."""
+        return {"cpu": summary(units / max(c, 1e-12) for c in self.cpu_s)["median"],
+                "wall": summary(units / max(w, 1e-12) for w in self.wall_s)["median"]}
+
+
+def clocked(fn: Callable[..., Any], repeats: int, warmup: int = 0,
+            setup: Callable[[], Any] | None = None) -> Clocked:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times, recording each
+    call's CPU time of this process (what it cost, whatever else shares the
+    machine) and wall time.  With ``setup``, each call is ``fn(setup())`` and
+    ``setup`` is not timed (a fresh input per call)."""
+    def once() -> Any:
+        return fn(setup()) if setup is not None else fn()
+
+    for _ in range(warmup):
+        once()
+    out = Clocked([], [], [])
+    for _ in range(repeats):
+        arg = setup() if setup is not None else None
+        c0, t0 = time.process_time(), time.perf_counter()
+        r = fn(arg) if setup is not None else fn()
+        t1, c1 = time.perf_counter(), time.process_time()
+        out.cpu_s.append(c1 - c0)
+        out.wall_s.append(t1 - t0)
+        out.results.append(r)
+    return out
+
+
 def wall_clock(fn: Callable[[], Any]) -> Callable[[], float]:
     """``fn`` as a configuration for :func:`interleave`: its wall seconds per call."""
     def once() -> float:
@@ -188,5 +260,5 @@ def wall_clock(fn: Callable[[], Any]) -> Callable[[], float]:
     return once
 
 
-__all__ = ["LOADED_CORES", "ContentionMeter", "Timings", "host_record", "interleave", "loadavg", "summary",
-           "wall_clock"]
+__all__ = ["LOADED_CORES", "Clocked", "ContentionMeter", "Timings", "clocked", "cpu_model", "geomean",
+           "host_record", "interleave", "loadavg", "summary", "usable_cpus", "wall_clock"]

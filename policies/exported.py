@@ -17,8 +17,25 @@ and :func:`load` reads it back with numpy only (``allow_pickle=False``; array
 headers are checked against the declared shapes before any data is read).
 Anything wrong -- a missing file, a truncated or corrupt archive, an unknown
 format version, an array whose hash or shape does not match, a pickled
-object -- raises :class:`~opsched.errors.PolicyError` naming the file and the
-problem.
+object, an edited ``policy.json`` -- raises
+:class:`~opsched.errors.PolicyError` naming the file and the problem.
+
+Integrity of ``policy.json`` itself: the array hashes protect the weights,
+but sizes such as ``max_nodes``, ``max_edges`` or ``max_graph_ops`` change the
+plans just as much, so :func:`write_policy` also records
+``content_sha256``, the sha256 of the file's canonical content (every entry
+but that one, as JSON with sorted keys and no whitespace, defaults a loader
+fills in made explicit: a missing ``node_levels`` is 0, a missing
+``machines.gpus`` true), and :func:`load` refuses a file whose content no
+longer matches it.  Canonical, so re-indenting or reordering keys is no
+edit; any change of a value is.  *Decision on older files*: the shipped
+``policies/pretrained`` was re-exported with the field (same weights, every
+other entry unchanged); a file written before the field existed (a user's
+older export) still loads, but only when the entries the planner sizes itself
+by agree with one another as every export before the field wrote them
+(``action.n``/``action.wait`` from ``max_nodes``, ``max_edges = 4 x
+max_nodes``, ``max_graph_ops = 32 x max_nodes``); its other entries are not
+covered -- ``opsched export RUN`` again writes the field.
 
 Planning (:meth:`ExportedPolicy.plan`) runs the environment's decision loop
 without gymnasium: the simulator engine (:class:`~opsched.engine.sim.SimState`)
@@ -38,7 +55,7 @@ import hashlib
 import json
 import math
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +138,23 @@ def array_digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
 
 
+#: The entry of policy.json that holds the sha256 of the rest (see the module docstring).
+DIGEST_KEY = "content_sha256"
+
+
+def meta_digest(meta: Mapping[str, Any]) -> str:
+    """sha256 of ``policy.json``'s canonical content: every entry but
+    :data:`DIGEST_KEY`, the loader's defaults made explicit, as JSON with sorted
+    keys and no whitespace (so formatting is not content)."""
+    body = {k: v for k, v in meta.items() if k != DIGEST_KEY}
+    if isinstance(body.get("observation"), Mapping):
+        body["observation"] = {LEVEL_KEY: 0, **body["observation"]}
+    if isinstance(body.get("machines"), Mapping):
+        body["machines"] = {"gpus": True, **body["machines"]}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 # ------------------------------------------------------------------ writing
 def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidden: int, rounds: int,
                  max_nodes: int, max_edges: int | None = None, machines: list[str] | None = None,
@@ -176,6 +210,7 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
             "sha256": {k: array_digest(a) for k, a in arrs.items()},
         },
     }
+    meta[DIGEST_KEY] = meta_digest(meta)  # covers every entry above, sizes and limits included
     atomic_write_bytes(out / WEIGHTS_FILE, buf.getvalue())
     atomic_write_text(out / POLICY_FILE, json.dumps(meta, indent=1) + "\n")
     return out
@@ -267,6 +302,32 @@ def _read_meta(f: Path) -> dict[str, Any]:
         raise _fail(f, "the sha256 list must give one 64-hex-digit hash per array")
     if arrays.get("dtype") not in _DTYPES:
         raise _fail(f, f"array dtype {arrays.get('dtype')!r} is not one of {_DTYPES}")
+    name = arrays["file"]
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise _fail(f, f"the weights file must be a plain file name next to it, not {name!r}")
+    # Last, so that the checks above still say which entry is wrong where they can tell.
+    digest = meta.get(DIGEST_KEY)
+    if digest is None:  # written before policy.json carried its digest: cross-check what sizes the planner
+        layout = ActionLayout(obs["max_nodes"])
+        action = meta.get("action")
+        wrong = []
+        if not isinstance(action, dict) or (action.get("n"), action.get("wait")) != (layout.n, layout.wait):
+            wrong.append(f"action.n/action.wait (must be {layout.n}/{layout.wait} for "
+                         f"max_nodes={obs['max_nodes']})")
+        if obs["max_edges"] != EDGES_PER_NODE * obs["max_nodes"]:
+            wrong.append(f"max_edges={obs['max_edges']} (an export without {DIGEST_KEY} has "
+                         f"{EDGES_PER_NODE} x max_nodes = {EDGES_PER_NODE * obs['max_nodes']})")
+        if machines["max_graph_ops"] != DEFAULT_MAX_COARSENING * obs["max_nodes"]:
+            wrong.append(f"machines.max_graph_ops={machines['max_graph_ops']} (an export without {DIGEST_KEY} "
+                         f"has {DEFAULT_MAX_COARSENING} x max_nodes = {DEFAULT_MAX_COARSENING * obs['max_nodes']})")
+        if wrong:
+            raise _fail(f, f"has no {DIGEST_KEY} (written by an older opsched, or the entry was removed) and its "
+                           f"sizes disagree: {'; '.join(wrong)}; it was edited - export the policy again "
+                           "(opsched export RUN)")
+    elif not isinstance(digest, str) or digest != meta_digest(meta):
+        raise _fail(f, f"the content does not match its {DIGEST_KEY}: an entry was changed after the policy was "
+                       "written (every entry is covered, sizes and limits included) or the file is corrupt; "
+                       "export the policy again (opsched export RUN)")
     return meta
 
 
@@ -387,31 +448,145 @@ class ExportedPolicy(Policy):
             raise PolicyError(f"{where}: trained on CPU-only machines ({', '.join(self.meta['machines']['trained_on'])}); "
                               f"machine {machine.name!r} has {len(machine.gpus)} GPU(s)")
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
-        """Schedule ``graph`` on ``machine`` greedily with the learned policy
-        (in the simulator with ``model``, default the analytic one) and return
-        the decisions as a Plan for the original graph."""
+    def planning(self) -> dict[str, Any]:
+        """The plan-time search this policy runs by default (:data:`DEFAULT_PLANNING`,
+        overridden by the export's ``planning`` entry)."""
+        return {**DEFAULT_PLANNING, **self.meta.get("planning", {})}
+
+    def plan(self, graph: OpGraph, machine: Machine, model: Any = None, *, samples: int | None = None,
+             candidates: Sequence[str] | None = None, temperature: float | None = None,
+             refine: int | None = None, seed: int = 0) -> Plan:
+        """Schedule ``graph`` on ``machine`` and return a Plan for the original graph.
+
+        The learned policy decodes the episode greedily and ``samples`` more
+        times by sampling its choices (Gumbel, at ``temperature``); every
+        heuristic named in ``candidates`` plans it too; each candidate is
+        simulated with ``model`` (the planning model; default the analytic
+        one); the fastest is then improved by ``refine`` steps of local search
+        in the simulator (:mod:`opsched.policies.refine`) and the fastest plan
+        found is returned - its origin in ``plan.meta["chosen"]``, every
+        candidate's makespan in ``plan.meta["candidates"]``.  Seeded by
+        ``seed``: the same call, the same plan.  So the result is never
+        slower than the best candidate heuristic under the model it was
+        planned with.  ``samples=0, candidates=(), refine=0`` is the policy
+        alone (greedy decoding).  Defaults: :meth:`planning`.  Every candidate
+        with its predicted makespan: :meth:`plan_candidates`."""
+        found = self.plan_candidates(graph, machine, model, samples=samples, candidates=candidates,
+                                     temperature=temperature, refine=refine, seed=seed)
+        return pick(found)
+
+    def plan_candidates(self, graph: OpGraph, machine: Machine, model: Any = None, *,
+                        samples: int | None = None, candidates: Sequence[str] | None = None,
+                        temperature: float | None = None, refine: int | None = None,
+                        seed: int = 0) -> dict[str, tuple[Plan, float]]:
+        """Every plan :meth:`plan` chose from, by origin (``greedy``, ``sample-K``,
+        ``heuristic:NAME``, ``refined(...)``), with its makespan under ``model``
+        (NaN for the lone greedy plan when nothing else is asked for).
+        ``opsched.apply`` times the fastest few on the real runtime
+        (:func:`opsched.measured.choose_measured`)."""
+        cfg = self.planning()
+        samples = int(cfg["samples"] if samples is None else samples)
+        names = tuple(cfg["candidates"] if candidates is None else candidates)
+        temperature = float(cfg["temperature"] if temperature is None else temperature)
+        refine = int(cfg["refine"] if refine is None else refine)
+        if samples < 0 or refine < 0 or not temperature > 0:
+            raise PolicyError(f"policy {self.folder}: samples and refine must be >= 0 and temperature > 0, "
+                              f"got {samples}, {refine}, {temperature}")
         self.check(graph, machine)
+        from opsched.backends.sim import SimBackend
+        from opsched.policies import get_policy
+        from opsched.policies.hints import HINT_HEURISTICS, heuristic_plans
+
+        heuristics = heuristic_plans(graph, machine, model)  # the hint, and the default candidates
+        hint = min(heuristics, key=lambda k: heuristics[k][1])
         try:
-            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
+            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges, heuristics[hint][0])
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
         with _one_blas_thread():
-            return _greedy_episode(self, data)
+            plans = {"greedy": decode(self, data)}
+            for k in range(samples):
+                plans[f"sample-{k}"] = decode(self, data, np.random.default_rng([seed, k]), temperature)
+        if len(plans) == 1 and not names and not refine:
+            return {"greedy": (plans["greedy"], float("nan"))}
+        sim = SimBackend(machine, model)
+        spans = {k: float(sim.run(graph, p).makespan) for k, p in plans.items()}
+        for name in names:
+            plan, span = heuristics[name] if name in HINT_HEURISTICS else (None, None)
+            if plan is None:
+                plan = get_policy(name).plan(graph, machine, model)
+                span = float(sim.run(graph, plan).makespan)
+            plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
+        chosen = min(spans, key=spans.get)
+        if refine:
+            found = _refine(data, plans[chosen], chosen, refine, np.random.default_rng([seed, 0x5EA]))
+            if found is not None:
+                span = float(sim.run(graph, found).makespan)
+                if span < spans[chosen] * (1.0 - 1e-9):
+                    plans[f"refined({chosen})"], spans[f"refined({chosen})"] = found, span
+        meta = {"candidates": spans, "policy_dir": str(self.folder)}
+        return {k: (Plan(p.assignments, p.graph_fingerprint, p.machine_fingerprint, self.name,
+                         {**p.meta, **meta, "chosen": k}), spans[k]) for k, p in plans.items()}
 
 
-def _greedy_episode(policy: ExportedPolicy, data: Any) -> Plan:
-    """One greedy episode of the engine's decision loop, each choice the
-    encoder's best-scored valid action."""
+def pick(candidates: Mapping[str, tuple[Plan, float]]) -> Plan:
+    """The candidate plan with the smallest predicted makespan (the first on ties
+    and NaN: a lone greedy plan)."""
+    return min(candidates.values(), key=lambda c: (not math.isfinite(c[1]), c[1]))[0]
+
+
+def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Generator) -> Plan | None:
+    """``plan`` improved by ``budget`` local-search steps on the episode's slots
+    (None when search found nothing better there)."""
+    from opsched.engine.slots import from_plan, makespan, to_plan
+    from opsched.policies.refine import local_search
+
+    start = from_plan(data, plan, source)
+    if not np.isfinite(makespan(data, start)):
+        return None
+    found = local_search(data, start, budget, rng)
+    return to_plan(data, found, plan.policy) if found.makespan < start.makespan else None
+
+
+#: The plan-time search of an exported policy: greedy decoding plus ``samples``
+#: sampled decodings at ``temperature``, and the plans of the ``candidates``
+#: heuristics; the fastest under the planning model, improved by ``refine``
+#: local-search steps, wins.
+#: Chosen on the validation split within the planning budget (a 200-op graph in about
+#: 100 ms on one core, heuristics included), where local search improved more per
+#: millisecond than further samples (the measurements: docs/learning.md).
+DEFAULT_PLANNING: dict[str, Any] = {
+    "samples": 1, "temperature": 1.0, "refine": 40,
+    "candidates": ["sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro"],
+}  # the candidates are opsched.policies.hints.HINT_HEURISTICS, computed anyway for the hint
+
+
+def decode_episode(encoder: NumpyEncoder, data: Any, rng: np.random.Generator | None = None,
+                   temperature: float = 1.0) -> tuple[Any, int, int]:
+    """One episode of the engine's decision loop decided by ``encoder``: the
+    best-scored valid action at every decision (greedy), or one drawn from the
+    softmax of the scores at ``temperature`` (``rng`` given: Gumbel-max).
+    Returns the finished :class:`~opsched.engine.episode.Episode`, the
+    decisions taken and how many were forced."""
     from opsched.engine.episode import run_episode
 
-    enc = policy.encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask,
-                                 data.node_levels if policy.encoder.levels else None)
+    enc = encoder.episode(data.node_static, data.edge_index, data.edge_mask, data.node_mask,
+                          data.node_levels if encoder.levels else None)
+    if rng is None:
+        def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
+            return greedy(enc.grid_scores(*ep.obs.state(), ops, cols, can_wait))
+    else:
+        def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
+            scores = enc.grid_scores(*ep.obs.state(), ops, cols, can_wait).astype(np.float64)
+            return int(np.argmax(scores / temperature + rng.gumbel(size=scores.shape)))
 
-    def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
-        return greedy(enc.grid_scores(*ep.obs.state(), ops, cols, can_wait))
+    return run_episode(data, choose)
 
-    ep, decisions, forced = run_episode(data, choose)
+
+def decode(policy: ExportedPolicy, data: Any, rng: np.random.Generator | None = None,
+           temperature: float = 1.0) -> Plan:
+    """:func:`decode_episode` with ``policy``'s encoder, as a Plan for the original graph."""
+    ep, decisions, forced = decode_episode(policy.encoder, data, rng, temperature)
     now = ep.now
     src = policy.meta.get("source", {})
     return ep.plan(policy.name, {
@@ -419,5 +594,5 @@ def _greedy_episode(policy: ExportedPolicy, data: Any) -> Plan:
         "decisions": decisions, "forced": forced, "sim_makespan": float(now) if math.isfinite(now) else None})
 
 
-__all__ = ["ExportedPolicy", "FORMAT_VERSION", "POLICY_FORMAT", "action_spec", "array_digest", "load",
+__all__ = ["pick", "DEFAULT_PLANNING", "ExportedPolicy", "FORMAT_VERSION", "decode", "decode_episode", "POLICY_FORMAT", "action_spec", "array_digest", "load",
            "observation_spec", "pretrained_path", "write_policy"]

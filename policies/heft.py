@@ -23,7 +23,6 @@ Plan whose ``after`` chains replay each lane's order.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.graph import OpGraph
+from opsched.graph import OpGraph, kahn_order
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, lane_after, resolve_model
@@ -141,8 +140,14 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                 if t > drt[g]:
                     drt[g] = t
         best_q, best_s, best_f, best_k = -1, 0.0, np.inf, 0
+        empty_seen = set()
         for q in range(p):
             w = comp[i, q]
+            if not starts[q]:  # idle processors of one device and cost are interchangeable: try the first
+                same = (group[q], w)
+                if same in empty_seen:
+                    continue
+                empty_seen.add(same)
             s, k = _earliest_slot(starts[q], finishes[q], float(drt[group[q]]), w, insertion)
             if s + w < best_f:
                 best_q, best_s, best_f, best_k = q, s, s + w, k
@@ -170,17 +175,7 @@ def _earliest_slot(starts: list[float], finishes: list[float], ready: float, w: 
 
 def _topological(n: int, pred: list[list[int]], succ: list[list[int]]) -> list[int]:
     """Kahn's algorithm, lowest index first among ready tasks."""
-    indeg = [len(p) for p in pred]
-    ready = [i for i in range(n) if indeg[i] == 0]
-    heapq.heapify(ready)
-    out: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        out.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, j)
+    out = kahn_order({i: len(pred[i]) for i in range(n)}, succ)
     if len(out) != n:
         raise ValueError("the task graph has a cycle")
     return out
@@ -193,6 +188,8 @@ class HeftPolicy(Policy):
 
     def __init__(self, insertion: bool = True) -> None:
         self.insertion = insertion
+        self._cost_key: tuple | None = None
+        self._cost: dict[tuple[int, int, int, int], float] = {}
 
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
         model = resolve_model(model)
@@ -225,6 +222,27 @@ class HeftPolicy(Policy):
                 lanes += [(d, cpu_threads)] * (dev.cores // cpu_threads)
         return lanes
 
+    def _costs(self, graph: OpGraph, machine: Machine, model: Any) -> np.ndarray:
+        """(edges, devices, devices): each edge's transfer cost between two devices
+        (0 on one device), in ``graph.edge_bytes`` order; computed once per plan and
+        per distinct byte count (the executor splits tried share it)."""
+        key = (id(graph), id(machine), id(model))
+        if self._cost_key == key:
+            return self._cost
+        dev_ids = [dev.id for dev in machine.devices]
+        nd = len(dev_ids)
+        by_size: dict[float, np.ndarray] = {}
+        sizes = list(graph.edge_bytes.values())
+        cost = np.zeros((len(sizes), nd, nd))
+        for e, nbytes in enumerate(sizes):
+            c = by_size.get(nbytes)
+            if c is None:
+                c = by_size[nbytes] = np.array([[model.transfer_time(nbytes, dev_ids[a], dev_ids[b], machine)
+                                                 if a != b else 0.0 for b in range(nd)] for a in range(nd)])
+            cost[e] = c
+        self._cost_key, self._cost = key, cost
+        return cost
+
     def _schedule(self, graph: OpGraph, machine: Machine, model: Any, table: Any,
                   lanes: list[tuple[int, int]]) -> HeftSchedule:
         comp = np.empty((len(graph.ops), len(lanes)))
@@ -234,22 +252,16 @@ class HeftPolicy(Policy):
         dev_ids = [dev.id for dev in machine.devices]
         counts = np.bincount(groups, minlength=len(dev_ids)).astype(float)
         n_lanes = len(lanes)
-        pairs = [(a, b) for a in range(len(dev_ids)) for b in range(len(dev_ids))
-                 if a != b and counts[a] and counts[b]]
         edge_bytes = graph.edge_bytes
-        cost: dict[tuple[int, int, int, int], float] = {}
-        mean_comm: dict[tuple[int, int], float] = {}
-        for (i, j), nbytes in edge_bytes.items():
-            total = 0.0
-            for a, b in pairs:
-                c = model.transfer_time(nbytes, dev_ids[a], dev_ids[b], machine)
-                cost[i, j, a, b] = c
-                total += counts[a] * counts[b] * c
-            # the mean over ordered pairs of distinct lanes (same-device pairs cost 0)
-            mean_comm[i, j] = total / (n_lanes * (n_lanes - 1)) if n_lanes > 1 else 0.0
+        cost = self._costs(graph, machine, model)
+        # the mean over ordered pairs of distinct lanes (same-device pairs cost 0)
+        means = np.einsum("a,eab,b->e", counts, cost, counts) / (n_lanes * (n_lanes - 1)) if n_lanes > 1 \
+            else np.zeros(len(edge_bytes))
+        mean_comm = dict(zip(edge_bytes, means.tolist()))
+        index = {e: k for k, e in enumerate(edge_bytes)}
 
         def transfer(i: int, j: int, a: int, b: int) -> float:
-            return cost.get((i, j, a, b), 0.0)
+            return float(cost[index[i, j], a, b])
 
         return heft_schedule(comp, {e: 0.0 for e in edge_bytes}, list(edge_bytes), groups=groups,
                              transfer=transfer, mean_comm=mean_comm, insertion=self.insertion)

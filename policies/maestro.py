@@ -132,13 +132,10 @@ class MaestroSVM:
     def load(cls, path: str | Path = DEFAULT_SVM_PATH) -> MaestroSVM:
         """Read and check a classifier file; any problem is a :class:`PolicyError`
         naming the file."""
+        from opsched.io import read_json
+
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise PolicyError(f"{p}: no Maestro classifier there (train one with `opsched maestro-train`)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"{p}: Maestro classifier is not valid JSON, perhaps truncated ({exc})") from None
+        data = read_json(p, PolicyError, "Maestro classifier", missing=" (train one with `opsched maestro-train`)")
         if not isinstance(data, dict) or data.get("format") != SVM_FORMAT:
             raise PolicyError(f"{p}: not a Maestro classifier (missing format {SVM_FORMAT!r})")
         if data.get("version") != SVM_FORMAT_VERSION:

@@ -36,6 +36,8 @@ from opsched.engine.layout import (
     MAX_DEVICES,
     PER_SLOT,
     STATIC_FEATURES,
+    hint_columns,
+    hint_gate,
     unflatten_obs,
 )
 
@@ -64,6 +66,7 @@ def array_shapes(hidden: int, rounds: int, levels: int = 0) -> dict[str, tuple[i
         "wait.weight": (1, H), "wait.bias": (1,),
         "value1.weight": (H, H), "value1.bias": (H,),
         "value2.weight": (1, H), "value2.bias": (1,),
+        "hint_prior": (3,),
     })
     return shapes
 
@@ -104,6 +107,7 @@ class NumpyEncoder:
         self.w_wait, self.b_wait = w("wait.weight"), b("wait.bias")
         self.w_v1, self.b_v1 = w("value1.weight"), b("value1.bias")
         self.w_v2, self.b_v2 = w("value2.weight"), b("value2.bias")
+        self.hint_prior = b("hint_prior")
 
     # ----------------------------------------------------------- reference
     def forward(self, obs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, float]:
@@ -123,8 +127,11 @@ class NumpyEncoder:
         h_full = np.zeros((N, self.hidden), np.float32)
         h_full[: ep.n] = h
         u = np.maximum(h_full @ self.w_op + self.b_op + c @ self.w_ctx_head, 0.0)
-        scores = (u @ self.w_act + self.b_act).reshape(N * PER_SLOT)
-        logits = np.concatenate([scores, c @ self.w_wait + self.b_wait])
+        static = np.asarray(obs["node_static"], np.float32)
+        free = hint_gate(static, np.asarray(obs["node_dynamic"], np.float32), np.asarray(obs["hardware"], np.float32))
+        bonus = prior(static, self.hint_prior) * free[:, None]
+        scores = (u @ self.w_act + self.b_act + bonus).reshape(N * PER_SLOT)
+        logits = np.concatenate([scores, c @ self.w_wait + self.b_wait + wait_prior(static, free, self.hint_prior)])
         value = float((np.maximum(c @ self.w_v1 + self.b_v1, 0.0) @ self.w_v2 + self.b_v2)[0])
         return logits, value
 
@@ -172,6 +179,9 @@ class EncoderEpisode:
         N = node_mask.shape[0]
         x_static = np.asarray(node_static, np.float32)[:n]
         self.pre = x_static @ enc.w_in_static + enc.b_in  # (n, H): static share of the input layer
+        self.prior = prior(x_static, enc.hint_prior)  # (n, PER_SLOT): the heuristic's plan as a logit bonus
+        self.static = x_static
+        self.wait_prior = float(enc.hint_prior[2]) if hint_columns(x_static)[1].any() else 0.0
         if enc.levels:  # node_levels is static within an episode too
             if node_levels is None:
                 raise ValueError(f"this encoder reads {LEVEL_KEY} ({enc.levels} columns); none given")
@@ -270,8 +280,10 @@ class EncoderEpisode:
                actions: np.ndarray, wait: int) -> np.ndarray:
         """The logits of ``actions`` (ascending flat action indices; ``wait`` may
         be among them), in the same order."""
-        h = self.embed(np.asarray(node_dynamic, np.float32)[: self.n])
+        dyn = np.asarray(node_dynamic, np.float32)[: self.n]
+        h = self.embed(dyn)
         c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
+        free = hint_gate(self.static, dyn, np.asarray(hardware, np.float32))
         has_wait = len(actions) > 0 and actions[-1] == wait
         starts = actions[:-1] if has_wait else actions
         out = np.empty(len(actions), np.float32)
@@ -281,9 +293,9 @@ class EncoderEpisode:
             new[0] = True
             np.not_equal(slot[1:], slot[:-1], out=new[1:])
             ops, pos = slot[new], np.cumsum(new) - 1
-            out[: len(starts)] = self._op_scores(h, c, ops)[pos, col]
+            out[: len(starts)] = self._op_scores(h, c, ops, free)[pos, col]
         if has_wait:
-            out[-1] = self._wait_score(c)
+            out[-1] = self._wait_score(c, free)
         return out
 
     def grid_scores(self, node_dynamic: np.ndarray, hardware: np.ndarray, globals_: np.ndarray,
@@ -293,19 +305,22 @@ class EncoderEpisode:
         start, ops ascending then columns ascending, then "wait" if ``wait`` -
         the order and values of :meth:`scores` on the same actions, without
         building or scanning the flat action list."""
-        h = self.embed(np.asarray(node_dynamic, np.float32)[: self.n])
+        dyn = np.asarray(node_dynamic, np.float32)[: self.n]
+        h = self.embed(dyn)
         c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
-        grid = self._op_scores(h, c, ops)[:, cols].ravel() if len(ops) and len(cols) else np.empty(0, np.float32)
-        return np.append(grid, self._wait_score(c)) if wait else grid
+        free = hint_gate(self.static, dyn, np.asarray(hardware, np.float32))
+        grid = (self._op_scores(h, c, ops, free)[:, cols].ravel() if len(ops) and len(cols)
+                else np.empty(0, np.float32))
+        return np.append(grid, self._wait_score(c, free)) if wait else grid
 
-    def _op_scores(self, h: np.ndarray, c: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    def _op_scores(self, h: np.ndarray, c: np.ndarray, ops: np.ndarray, free: np.ndarray) -> np.ndarray:
         """(len(ops), PER_SLOT): every (device, level) logit of ops ``ops`` (ascending)."""
         enc = self.enc
         u = np.maximum(h[ops] @ enc.w_op + enc.b_op + c @ enc.w_ctx_head, 0.0)
-        return u @ enc.w_act + enc.b_act
+        return u @ enc.w_act + enc.b_act + self.prior[ops] * free[ops, None]
 
-    def _wait_score(self, c: np.ndarray) -> np.float32:
-        return (c @ self.enc.w_wait + self.enc.b_wait)[0]
+    def _wait_score(self, c: np.ndarray, free: np.ndarray) -> np.float32:
+        return (c @ self.enc.w_wait + self.enc.b_wait)[0] + self.wait_prior * (1.0 - (free.max() if len(free) else 0.0))
 
 
 def _store(h: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:
@@ -315,6 +330,24 @@ def _store(h: np.ndarray, rows: np.ndarray, new: np.ndarray) -> np.ndarray:
     delta = new - h[rows]
     h[rows] = new
     return delta
+
+
+def prior(node_static: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(rows, PER_SLOT): the hint prior of ``agents.encoder.GraphEncoder._prior``
+    before its gate (:func:`~opsched.engine.layout.hint_gate`):
+    ``weights[0] + weights[1] * hint_order`` on each op's hinted column."""
+    flat, has, order = hint_columns(node_static)
+    out = np.zeros((node_static.shape[0], PER_SLOT), np.float32)
+    rows = np.flatnonzero(has)
+    out[rows, flat[rows].astype(np.int64)] = weights[0] + weights[1] * order[rows]
+    return out
+
+
+def wait_prior(node_static: np.ndarray, free: np.ndarray, weights: np.ndarray) -> float:
+    """The prior's bonus on "wait": ``weights[2]`` while no hinted op is free to start."""
+    if not hint_columns(node_static)[1].any():
+        return 0.0
+    return float(weights[2]) * (1.0 - float(free.max()) if len(free) else 1.0)
 
 
 def greedy(scores: np.ndarray) -> int:

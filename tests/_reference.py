@@ -13,9 +13,17 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from opsched.engine.layout import DYNAMIC_FEATURES, LEVEL_KEY, MAX_DEVICES, MAX_LEVELS, STATIC_FEATURES
+from opsched.engine.layout import (
+    DYNAMIC_FEATURES,
+    LEVEL_KEY,
+    MAX_DEVICES,
+    MAX_LEVELS,
+    STATIC_FEATURES,
+    hint_gate,
+)
 from opsched.engine.observe import EpisodeData, Observer
 from opsched.engine.sim import RUNNING, SimState
+from opsched.policies.numpy_encoder import prior, wait_prior
 
 _D = {k: i for i, k in enumerate(DYNAMIC_FEATURES)}
 
@@ -65,8 +73,12 @@ def numpy_forward(params: Mapping[str, np.ndarray], obs: Mapping[str, np.ndarray
     ])
     c = relu(lin("ctx", pooled))
     u = relu(lin("op_head", h) + lin("ctx_head", c)[None, :])
-    scores = lin("act", u).reshape(N * MAX_DEVICES * MAX_LEVELS)
-    logits = np.concatenate([scores, lin("wait", c)])
+    static = np.asarray(obs["node_static"]).reshape(N, fs)
+    free = hint_gate(static, np.asarray(obs["node_dynamic"]).reshape(N, fd),
+                     np.asarray(obs["hardware"]).reshape(MAX_DEVICES, -1))
+    bonus = prior(static, params["hint_prior"]) * free[:, None]
+    scores = (lin("act", u) + bonus).reshape(N * MAX_DEVICES * MAX_LEVELS)
+    logits = np.concatenate([scores, lin("wait", c) + wait_prior(static, free, params["hint_prior"])])
     value = float(lin("value2", relu(lin("value1", c)))[0])
     return logits, value
 
@@ -80,4 +92,8 @@ def observe(data: EpisodeData, st: SimState) -> dict[str, np.ndarray]:
     for i in np.flatnonzero(status >= RUNNING):
         obs.dyn[i, _D["device_frac"]] = (st.device[i] + 1) / MAX_DEVICES
         obs.dyn[i, _D["threads_frac"]] = st.threads[i] / data.slots[st.device[i]]
+    obs.dyn[:, _D["hint_free"]] = 0.0
+    for i in range(n):  # ready, and every slot the hinted plan holds it for is done
+        if data.hint_after and status[i] == 1 and all(status[j] == 3 for j in data.hint_after[i]):
+            obs.dyn[i, _D["hint_free"]] = 1.0
     return obs.observe()

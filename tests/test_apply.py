@@ -67,7 +67,7 @@ def test_scheduled_outputs_equal_eager(policy_dir, net):
     module, x = net
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScheduleFallbackWarning)
-        sm = apply(policy_dir, module, x)
+        sm = apply(policy_dir, module, x, backend="torch-cpu")
         assert sm.scheduled and sm.plan.policy == "learned" and len(sm.plan) == len(sm.graph.ops)
         out = sm(x)
     assert torch.allclose(out, module(x), rtol=1e-4, atol=1e-5)
@@ -150,10 +150,10 @@ def test_heuristic_by_name_and_pretrained_default(net):
     module, x = net
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScheduleFallbackWarning)
-        cpf = apply("critical-path-first", module, x)
+        cpf = apply("critical-path-first", module, x, backend="torch-cpu")
         assert cpf.plan.policy == "critical-path-first"
         assert (pretrained_path() / "policy.json").is_file()
-        pre = apply(None, module, x)
+        pre = apply(None, module, x, backend="torch-cpu")
         assert pre.scheduled and pre.plan.policy == "learned"
         assert torch.allclose(pre(x), module(x), rtol=1e-4, atol=1e-5)
 
@@ -164,7 +164,8 @@ def test_cli_apply_save_and_replay_plan(policy_dir, tmp_path):
     plan_file = tmp_path / "plan.json"
     runner = CliRunner()
     spec = f"{factory}:build"
-    res = runner.invoke(app, ["apply", "--policy", str(policy_dir), "--model", spec, "--batch", "3",
+    res = runner.invoke(app, ["apply", "--backend", "torch-cpu", "--policy", str(policy_dir), "--model", spec,
+                              "--batch", "3",
                               "--repeats", "2", "--warmup", "0", "--save-plan", str(plan_file),
                               "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
@@ -173,10 +174,12 @@ def test_cli_apply_save_and_replay_plan(policy_dir, tmp_path):
     assert [r["config"] for r in result["rows"]] == ["eager", "critical-path-first", "policy (learned)"]
     assert all(r["outputs_equal_eager"] and r["median_s"] > 0 for r in result["rows"])
     assert plan_file.is_file()
-    res2 = runner.invoke(app, ["apply", "--plan", str(plan_file), "--model", spec, "--batch", "3",
+    res2 = runner.invoke(app, ["apply", "--backend", "torch-cpu", "--plan", str(plan_file), "--model", spec,
+                               "--batch", "3",
                                "--repeats", "1", "--warmup", "0"])
     assert res2.exit_code == 0, res2.output
     assert "saved plan" in res2.output
-    res3 = runner.invoke(app, ["apply", "--plan", str(plan_file), "--model", spec, "--batch", "4",
+    res3 = runner.invoke(app, ["apply", "--backend", "torch-cpu", "--plan", str(plan_file), "--model", spec,
+                               "--batch", "4",
                                "--repeats", "1", "--warmup", "0"])
     assert res3.exit_code != 0 and "made for a different graph" in str(res3.exception)

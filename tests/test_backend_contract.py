@@ -30,9 +30,9 @@ from opsched.machine import Machine
 from opsched.plan import Assignment, Plan, uniform_plan
 from opsched.trace import Trace
 
-BACKENDS = ("sim", "torch-cpu", "tf")
+BACKENDS = ("sim", "torch-cpu", "tf", "ort")
 _MODULES = {"sim": "opsched.backends.sim", "torch-cpu": "opsched.backends.torch_cpu",
-            "tf": "opsched.backends.tf_cpu"}
+            "tf": "opsched.backends.tf_cpu", "ort": "opsched.backends.ort_backend"}
 
 
 def _machine(cores: int, name: str | None = None) -> Machine:
@@ -67,7 +67,19 @@ def _tf_graph() -> OpGraph:
     return from_tf_function(fn, [tf.TensorSpec((8, 32), tf.float32)], name="tf-branchy")
 
 
-_GRAPHS = {"sim": _torch_graph, "torch-cpu": _torch_graph, "tf": _tf_graph}
+def _ort_graph() -> OpGraph:
+    """Branchy exported to ONNX: the graph ONNX Runtime runs (needs onnx and onnxruntime)."""
+    import onnxruntime  # noqa: F401
+    import torch
+    from _nets import Branchy
+
+    from opsched.importers.onnx_graph import from_torch_via_onnx
+
+    torch.manual_seed(0)
+    return from_torch_via_onnx(Branchy().eval(), (torch.randn(2, 3, 16, 16),), name="branchy-onnx")
+
+
+_GRAPHS = {"sim": _torch_graph, "torch-cpu": _torch_graph, "tf": _tf_graph, "ort": _ort_graph}
 
 
 def _open(name: str, machine: Machine):

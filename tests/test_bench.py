@@ -1,35 +1,80 @@
-"""Smoke test of ``bench/run_all.py`` (issue 9): a ``--quick`` run into a temporary
-folder writes the report, the raw figures and the PNGs with the right structure.
+"""The benchmark harness (``opsched.benchmarks``): its pieces, ``opsched bench``, and a
+``--quick`` run into a temporary folder that writes the report, the raw figures
+and the PNGs with the right structure.
 
-It checks presence and structure only -- never a timing.  One zoo model, no
-``torch.compile`` and no TensorFlow section keep it near two minutes on a
-shared 2-core machine; the full ``--quick`` (what CI's benchmark job runs) adds those.
+Presence and structure only -- never a timing.  The quick run takes one zoo
+model, no ``torch.compile``, no TensorFlow, no simulator or costs section,
+and no profiles (so the fidelity section must say why it is empty): well under a
+minute on a shared 2-core machine; the simulator section is checked in-process.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+import opsched.benchmarks.harness as H
+from opsched.benchmarks import run_all, sections
+from opsched.benchmarks.report import headline
+from opsched.timing import Timings, geomean
 
-import _harness as H  # noqa: E402
-from _report import headline  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_round_ratios_pair_rounds_and_report_spread() -> None:
-    samples = {"eager": [2.0, 4.0, 2.0], "fast": [1.0, 2.0, 1.0], "slow": [4.0, 8.0, 6.0]}
-    r = H.round_ratios(samples, "eager")
+    t = Timings({"eager": [2.0, 4.0, 2.0], "fast": [1.0, 2.0, 1.0], "slow": [4.0, 8.0, 6.0],
+                 "broken": [math.nan, 2.0, 2.0]})
+    r = t.ratios("eager")
     assert r["eager"]["median"] == 1.0
     assert r["fast"]["median"] == pytest.approx(0.5) and r["fast"]["q1"] == r["fast"]["q3"] == pytest.approx(0.5)
     assert r["slow"]["median"] == pytest.approx(2.0) and r["slow"]["max"] == pytest.approx(3.0)
-    assert H.stats([])["n"] == 0
-    assert H.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert r["broken"]["n"] == 2  # a round without a time is left out, not a NaN ratio
+    assert geomean([1.0, 4.0]) == pytest.approx(2.0) and math.isnan(geomean([]))
+
+
+def test_clocked_times_calls_not_their_setup() -> None:
+    from opsched.timing import clocked
+
+    made, seen = [], []
+    runs = clocked(seen.append, repeats=3, warmup=2, setup=lambda: made.append(len(made)) or len(made))
+    assert made == [0, 1, 2, 3, 4] and seen == [1, 2, 3, 4, 5]  # a fresh input per call, warm-up calls first
+    assert len(runs.cpu_s) == len(runs.wall_s) == len(runs.results) == 3
+    assert set(runs.per_second(10.0)) == {"cpu", "wall"}
+
+
+class _FakeWorker:
+    """A worker whose configurations take fixed times; ``fail`` ones die on the first timed round."""
+
+    proc = None
+
+    def __init__(self, times: dict[str, float], fail: tuple[str, ...] = ()) -> None:
+        self.times, self.fail, self.calls = times, fail, []
+
+    def time(self, config: str, iters: int, timeout: float) -> list[float]:
+        self.calls.append((config, iters))
+        if config in self.fail and len(self.calls) > len(self.times):
+            raise H.WorkerError(f"{config}: worker exited")
+        return [self.times[config]] * iters
+
+
+def test_time_workers_interleaves_sizes_calls_and_drops_failures() -> None:
+    w = _FakeWorker({"fast": 0.01, "slow": 1.0, "bad": 0.01}, fail=("bad",))
+    configs = [("fast", w, "fast"), ("slow", w, "slow"), ("bad", w, "bad")]
+    steps = []
+    timings, failed = H.time_workers(configs, rounds=3, iters=5, warmup=2, timeout=1.0, settle_s=0.0,
+                                     on_step=steps.append, target_s=0.25)
+    assert set(timings.samples) == {"fast", "slow"} and set(failed) == {"bad"}
+    assert timings.samples["fast"] == [0.01] * 3 and timings.samples["slow"] == [1.0] * 3
+    assert len(timings.others_cores) == 3  # one load record per round
+    assert ("fast", 5) in w.calls and ("slow", 1) in w.calls  # calls per round sized by the warm-up speed
+    assert timings.ratios("fast")["slow"]["median"] == pytest.approx(100.0)
+    assert steps.count("fast") == 4  # the warm-up and three rounds
 
 
 def test_headline_names_the_largest_gap() -> None:
@@ -48,17 +93,15 @@ def test_headline_names_the_largest_gap() -> None:
 
 
 def test_train_time_to_beat_cpf_reads_the_newest_run(tmp_path: Path) -> None:
-    from run_all import train_time_to_beat_cpf
-
-    assert "skipped" in train_time_to_beat_cpf(tmp_path)
+    assert "skipped" in sections.train_time_to_beat_cpf(tmp_path)
     run = tmp_path / "ppo_1"
     run.mkdir()
     (run / "evaluations.csv").write_text("timesteps,wall_s,gmean_cpf\n5000,60,1.20\n10000,120,0.98\n15000,180,0.95\n")
     (run / "command.txt").write_text("opsched train-policy\n")
-    r = train_time_to_beat_cpf(tmp_path)
+    r = sections.train_time_to_beat_cpf(tmp_path)
     assert r["beat_cpf"] and r["steps"] == 10000 and r["wall_s"] == 120 and r["command"] == "opsched train-policy"
     (run / "evaluations.csv").write_text("timesteps,wall_s,gmean_cpf\n5000,60,1.20\n")
-    r = train_time_to_beat_cpf(tmp_path)
+    r = sections.train_time_to_beat_cpf(tmp_path)
     assert r["beat_cpf"] is False and r["final_gmean_cpf"] == 1.2
 
 
@@ -68,7 +111,6 @@ def test_train_time_to_beat_cpf_prefers_a_run_of_todays_default(tmp_path: Path) 
     import os
 
     import yaml
-    from run_all import train_time_to_beat_cpf
 
     from opsched.agents.config import load_hyperparams
 
@@ -79,36 +121,110 @@ def test_train_time_to_beat_cpf_prefers_a_run_of_todays_default(tmp_path: Path) 
         (run / "config.yaml").write_text(yaml.safe_dump({"hyperparams": "default", "seed": 0, "ppo": ppo}))
         (run / "evaluations.csv").write_text("timesteps,wall_s,gmean_cpf\n0,40,0.99\n")
         os.utime(run / "evaluations.csv", (mtime, mtime))
-    assert train_time_to_beat_cpf(tmp_path)["run"].endswith("ppo_1")
+    assert sections.train_time_to_beat_cpf(tmp_path)["run"].endswith("ppo_1")
 
 
-def test_cli_wrapper_registers() -> None:
+def test_arguments_are_checked_before_a_run_folder_exists(tmp_path: Path) -> None:
+    for bad in (["--models", "nosuchnet"], ["--sections", "real,nope"], ["--fidelity-plans", "5"]):
+        with pytest.raises(SystemExit):
+            run_all.parse_args(["--out", str(tmp_path), *bad])
+    assert not list(tmp_path.iterdir())
+
+
+def test_profile_runs_opsched_profile_for_models_without_profile_or_runtime_record(tmp_path, monkeypatch) -> None:
+    """``--profile`` profiles the way ``opsched profile`` does (it runs that command)
+    for each zoo model and batch lacking the profile or the runtime measurements."""
+    from opsched.backends.profiler import cache_path
+    from opsched.backends.runtime_fit import record_path
+    from opsched.machine import Machine
+    from opsched.specs import load_graph
+
+    calls = []
+    monkeypatch.setattr(H, "run_module", lambda module, argv, **kw: calls.append((module, list(argv))) or (0, ""))
+    profiles = tmp_path / "profiles"
+    graph = load_graph("zoo:lstm", 1)
+    machine = Machine.probe()
+    for path in (cache_path(graph, machine, profiles), record_path(graph, machine, "torch-cpu", profiles)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    notes = run_all.profile_missing(["lstm", "transformer"], [1], {"profiles": profiles, "env": {}}, tmp_path)
+    assert notes == {"lstm b1": "already profiled", "transformer b1": "profiled"}
+    assert calls == [("opsched", ["profile", "zoo:transformer", "--batch", "1", "--out", str(profiles),
+                                  "--no-progress"])]
+
+
+def test_bench_scripts_are_thin_entry_points_and_nothing_edits_sys_path() -> None:
+    needle = "sys." + "path"
+    for f in sorted((REPO / "bench").glob("*.py")):
+        text = f.read_text()
+        code = [ln for ln in text.split('"""')[-1].splitlines() if ln.strip()]
+        assert code[0].startswith("from opsched.") and code[0].endswith(" import main") and len(code) <= 3, f.name
+    for f in sorted((REPO / "bench").glob("*.py")) + sorted((REPO / "tests").glob("*.py")):
+        assert needle not in f.read_text(), f.name
+
+
+def test_cli_runs_the_installed_harness(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     import opsched.commands.bench  # noqa: F401  (registers `opsched bench`)
     from opsched.cli import app
 
     res = CliRunner().invoke(app, ["bench", "--help"])
-    assert res.exit_code == 0 and "--quick" in res.output
+    assert res.exit_code == 0 and "--quick" in res.output and "--profiles" in res.output
+    # the harness is a module of the package, not a file beside it: any folder will do
+    proc = subprocess.run([sys.executable, "-m", "opsched.benchmarks.run_all", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--sections" in proc.stdout
+
+
+def test_costs_runs_a_benchmark_module_and_keeps_its_summary(tmp_path: Path) -> None:
+    res = sections._sub_bench("sim_speed", ["--quick", "--ops", "20"], tmp_path, 120, H.worker_env())
+    assert res["command"].startswith("python -m opsched.benchmarks.sim_speed --quick")
+    assert res["summary"]["median_ops_per_s"] > 0 and (tmp_path / res["raw_file"]).is_file()
+    missing = sections._sub_bench("sim_speed", ["--no-such-flag"], tmp_path, 120, H.worker_env())
+    assert missing["skipped"].startswith("python -m opsched.benchmarks.sim_speed exited with status 2")
+
+
+@pytest.mark.slow
+def test_sim_section_rows_summary_report_and_figure(tmp_path: Path) -> None:
+    from opsched.benchmarks.report import write_figures, write_report
+
+    args = run_all.parse_args(["--quick", "--search-trials", "2", "--out", str(tmp_path)])
+    ctx = {"learned": None, "learned_where": "left out (--policy none)"}
+    with H.progress_bar(disable=True) as bar:
+        sim = sections.section_sim(args, ctx, tmp_path, bar)
+    assert sim["rows"] and all(r["lb_ratio"] >= 1.0 - 1e-9 for r in sim["rows"])
+    assert {r["policy"] for r in sim["rows"]} >= {"sequential", "critical-path-first", "search"}
+    assert set(sim["summary"]) == set(sim["presets"]) and not sim["skipped"]
+    results = {"command": "test", "quick": True, "started": "now", "machine": H.machine_description(),
+               "versions": {}, "sections": {"sim": sim}}
+    results["figures"] = write_figures(tmp_path, results)
+    write_report(tmp_path, results)
+    report = (tmp_path / "report.md").read_text()
+    assert "## 2. Scale in the simulator" in report and "](sim_scale.png)" in report
+    assert (tmp_path / "sim_scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
 def test_quick_run_writes_report_results_and_figures(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(REPO / "bench" / "run_all.py"), "--quick", "--out", str(tmp_path), "--models", "lstm",
-           "--no-compile", "--sections", "real,sim,costs,fidelity", "--search-trials", "3", "--no-progress"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", "opsched.benchmarks.run_all", "--quick", "--out", str(tmp_path), "--models", "lstm",
+           "--no-compile", "--sections", "real,fidelity", "--no-progress",
+           "--profiles", str(tmp_path / "no_profiles")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RuntimeWarning" not in proc.stderr, proc.stderr[-3000:]
     runs = sorted(tmp_path.glob("bench_[0-9]*"))
     assert len(runs) == 1
     out = runs[0]
     for name in ("report.md", "results.json", "command.txt", "machine.json", "versions.json"):
         assert (out / name).is_file(), name
-    assert "run_all.py --quick" in (out / "command.txt").read_text()
+    assert "opsched.benchmarks.run_all --quick" in (out / "command.txt").read_text()
     res = json.loads((out / "results.json").read_text())
-    assert res["quick"] is True and set(res["sections"]) == {"real", "sim", "costs", "fidelity"}
+    assert res["quick"] is True and set(res["sections"]) == {"real", "fidelity"}
     assert res["versions"]["torch"] and isinstance(res["machine"]["opsched_machine"], dict)
+    assert res["machine"]["cpu_count"] and "loadavg" in res["machine"]
 
-    # 1: the eager reference and the ratios to it, for every configuration that ran
+    # 1: the eager reference and the ratios to it, for every configuration that ran, and the load
     real = res["sections"]["real"]
     assert not real.get("skipped_groups"), real.get("skipped_groups")
     (group,) = real["groups"]
@@ -119,26 +235,16 @@ def test_quick_run_writes_report_results_and_figures(tmp_path: Path) -> None:
         assert stats["n"] == real["rounds"] and stats["q1"] <= stats["median"] <= stats["q3"], label
     assert any(k.startswith("opsched:") for k in group["time_s"]), group["skipped"]
     assert all(v.startswith("ok") for v in group["outputs"].values()), group["outputs"]
-    # 2: every preset x graph x policy, each row with its lower-bound ratio
-    sim = res["sections"]["sim"]
-    assert sim["rows"] and all(r["lb_ratio"] >= 1.0 - 1e-9 for r in sim["rows"])
-    assert {r["policy"] for r in sim["rows"]} >= {"sequential", "critical-path-first", "search"}
-    # 3 and 4: figures or a stated reason, never nothing
-    costs = res["sections"]["costs"]
-    for key in ("runtime_overhead", "sim_speed", "env_speed", "train_to_beat_cpf"):
-        assert "skipped" in costs[key] or costs[key], key
-    assert costs["planning"]["rows"]
-    fid = res["sections"]["fidelity"]
-    assert fid["rows"] or fid["skipped"]
+    assert group["load"]["rounds"] == real["rounds"]
+    # 4: no profiles, so no fitted planning model: a stated reason, not a NaN row
+    assert "opsched profile" in res["sections"]["fidelity"]["skipped"]
 
     report = (out / "report.md").read_text()
     assert report.startswith("# opsched benchmark report")
     head = report.index("## Headline")
     assert report.index("| model | batch |") > head and "## 1. Real execution" in report
-    assert "## 2. Scale in the simulator" in report and "## 3. Costs" in report and "## 4. Fidelity" in report
+    assert "## 4. Fidelity" in report and "skipped: no usable profile" in report
     assert "gap" in report[head:report.index("## 1. Real execution")]
-    figures = ["real_ratios.png", "sim_scale.png", "planning_time.png"] + (["fidelity.png"] if fid["rows"] else [])
-    for png in figures:
-        data = (out / png).read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n", png
-        assert f"]({png})" in report, png
+    assert not re.search(r"\bnan\b", report, re.IGNORECASE)
+    assert (out / "real_ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](real_ratios.png)" in report
+    assert not (out / "fidelity.png").exists() and "](fidelity.png)" not in report

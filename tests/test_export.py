@@ -97,7 +97,7 @@ def test_folder_layout_and_metadata(folder):
     assert meta["architecture"] == {"hidden": 16, "rounds": 2}
     assert meta["observation"]["max_nodes"] == MAX_NODES and meta["observation"]["max_edges"] == 4 * MAX_NODES
     assert meta["action"]["n"] == MAX_NODES * 64 + 1 and meta["machines"]["gpus"] is True
-    assert meta["observation"][LEVEL_KEY] == 8 and meta["arrays"]["shapes"]["inp.weight"][1] == 20 + 7 + 8
+    assert meta["observation"][LEVEL_KEY] == 8 and meta["arrays"]["shapes"]["inp.weight"][1] == 25 + 8 + 8
     with np.load(folder / "weights.npz", allow_pickle=False) as npz:
         assert sorted(npz.files) == sorted(meta["arrays"]["shapes"])
         assert all(list(npz[k].shape) == s for k, s in meta["arrays"]["shapes"].items())
@@ -161,7 +161,7 @@ def test_plan_is_the_env_episode(folder, graph, machine):
     """Same decisions as the env stepped with the reference forward pass, same Plan."""
     pol = load(folder)
     m = get_machine(machine)
-    plan = pol.plan(graph, m)
+    plan = pol.plan(graph, m, samples=0, candidates=(), refine=0)  # the policy alone: its greedy decoding
     env = _env([graph], [machine])
     obs, _ = env.reset(seed=0)
     done = False
@@ -239,7 +239,7 @@ def test_a_policy_without_node_levels_still_exports_and_plans(tmp_path):
     plain = build_model(cfg, DummyVecEnv([lambda: _env()]), seed=1)
     folder = export_policy(plain, tmp_path / "plain", machines=list(MACHINES))  # verifies the logits too
     meta = json.loads((folder / "policy.json").read_text())
-    assert meta["observation"][LEVEL_KEY] == 0 and meta["arrays"]["shapes"]["inp.weight"] == [8, 27]
+    assert meta["observation"][LEVEL_KEY] == 0 and meta["arrays"]["shapes"]["inp.weight"] == [8, 33]
     del meta["observation"][LEVEL_KEY]  # an export from before node_levels
     (folder / "policy.json").write_text(json.dumps(meta))
     pol = load(folder)
@@ -397,3 +397,18 @@ def test_cannot_plan_is_a_policy_error(folder, tmp_path):
                             machines=["cpu:8:90:40"], gpus=False)
     with pytest.raises(PolicyError, match="trained on CPU-only machines"):
         load(cpu_only).plan(generate("layered", 20, 1), get_machine("dgx1-4v100"))
+
+
+def test_every_entry_of_policy_json_is_covered_by_its_digest(folder, tmp_path):
+    """Issue 17: sizes such as max_nodes and max_edges change the plans as much as the
+    weights do; policy.json carries the sha256 of its canonical content, and an
+    edited entry is refused (tests/test_validation.py edits every entry in turn)."""
+    from opsched.policies.exported import DIGEST_KEY, meta_digest
+
+    meta = json.loads((folder / "policy.json").read_text())
+    assert meta[DIGEST_KEY] == meta_digest(meta)
+    for key, value in (("max_nodes", 2 * MAX_NODES), ("max_edges", 4 * MAX_NODES + 1)):
+        f = _copy(folder, tmp_path / key)
+        _edit_meta(f, lambda m, key=key, value=value: m["observation"].update({key: value}))
+        with pytest.raises(PolicyError, match=rf"policy\.json: the content does not match its {DIGEST_KEY}"):
+            load(f)

@@ -100,10 +100,13 @@ def test_bad_tables_are_rejected(comp, comm, edges, match):
 
 
 class _NoInterference(AnalyticModel):
-    """The analytic model without co-run slowdown: HEFT's own assumption."""
+    """The analytic model without co-run slowdown or GPU compute sharing: HEFT's own assumption."""
 
     def slowdown(self, device, demands):
         return np.ones_like(np.asarray(demands, dtype=float))
+
+    def occupancy(self, op, device):
+        return 0.0
 
 
 @pytest.mark.parametrize("machine", sorted(PRESETS))

@@ -125,7 +125,9 @@ def test_graphs_command_prints_the_table_and_saves(tmp_path):
     for text in ("lstm", "transformer", "layered-30-s0", "erdos_renyi-30-s0", "GFLOPs", "width", "depth"):
         assert text in result.output
     saved = sorted(p.name for p in out.glob("*.json"))
-    assert len(saved) == 5 and "lstm.json" in saved
+    from opsched.synthetic import FAMILIES
+
+    assert len(saved) == 2 + len(FAMILIES) and "lstm.json" in saved
     g = OpGraph.load(out / "lstm.json")
     assert str(len(g.ops)) in result.output
     assert OpGraph.load(out / "layered-30-s0.json") == generate("layered", 30, 0)

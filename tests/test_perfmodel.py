@@ -15,7 +15,6 @@ from opsched.backends.fitted import (
     KindShape,
     fit_amdahl,
     fit_kind_shape,
-    fitted_or_analytic,
 )
 from opsched.backends.interference import InterferenceFit, PairRecord, fit_interference
 from opsched.backends.perfmodel import AnalyticModel
@@ -183,10 +182,28 @@ def test_profiles_of_different_machines_cannot_be_mixed():
         FittedModel([])
 
 
-def test_fitted_or_analytic_falls_back_without_profiles(tmp_path):
-    assert isinstance(fitted_or_analytic(MACHINE, tmp_path), AnalyticModel)
-    with pytest.raises(ProfileError, match="no profiles"):
-        FittedModel.from_cache(MACHINE, tmp_path)
+def test_the_planning_model_is_chosen_in_one_place(tmp_path):
+    """Analytic without profiles; fitted with them; plus the runtime model once
+    `opsched profile` stored one; a profile measured under load is skipped, loudly."""
+    from opsched.backends.runtime import PlanningModel, TorchCPURuntime
+    from opsched.backends.runtime_fit import runtime_path
+    from opsched.errors import OpschedError
+    from opsched.planning import LoadWarning, planning_model
+
+    assert isinstance(planning_model(MACHINE, "torch-cpu", "auto", tmp_path), AnalyticModel)
+    with pytest.raises(OpschedError, match="no usable profiles"):
+        planning_model(MACHINE, "torch-cpu", "fitted", tmp_path)
+    _profile(_graph()).save(tmp_path / "a.json")
+    assert isinstance(planning_model(MACHINE, "torch-cpu", "auto", tmp_path), FittedModel)
+    assert isinstance(planning_model(MACHINE, "sim", "auto", tmp_path), AnalyticModel)  # presets stay analytic
+    TorchCPURuntime(op_overhead_s=5e-6, handoff_s=2e-5).save(runtime_path(MACHINE, "torch-cpu", tmp_path))
+    model = planning_model(MACHINE, "torch-cpu", "auto", tmp_path)
+    assert isinstance(model, PlanningModel) and model.runtime.handoff_s == 2e-5
+    assert isinstance(planning_model(MACHINE, "tf", "auto", tmp_path), FittedModel)  # no runtime model for tf
+    _profile(_graph(seed=3, prefix="x"), others=1.5).save(tmp_path / "b.json")
+    with pytest.warns(LoadWarning, match="other processes used 1.50 cores"):
+        model = planning_model(MACHINE, "torch-cpu", "fitted", tmp_path)
+    assert len(model.perf.profiles) == 1
 
 
 def test_transfer_time_is_bytes_over_bandwidth_plus_latency():

@@ -208,7 +208,7 @@ def test_maestro_classifier_separates_chains_from_wide_graphs():
 
 
 @pytest.mark.parametrize("text, match", [
-    (None, "no Maestro classifier"),
+    (None, "no such Maestro classifier file"),
     ("{not json", "not valid JSON"),
     ('{"format": "something else"}', "not a Maestro classifier"),
     ('{"format": "opsched.maestro-svm", "version": 99}', "version 99"),

@@ -370,3 +370,27 @@ def test_graph_edges_unused_guard() -> None:
     chain = OpGraph(ops, tuple(Edge(f"o{i}", f"o{i + 1}") for i in range(24)), name="chain")
     ps = S.make_plans(chain, MACHINE, MODEL, n_plans=20)
     assert len(ps) >= 20
+
+
+def test_measurements_are_stored_beside_the_profiles_and_refit_from_there(graph, plans, tmp_path) -> None:
+    """What `opsched profile` stores is what the refit reads: the graph (with its
+    cold weight bytes), the plans and the measurements; a torn record is skipped."""
+    truth = TorchCPURuntime(op_overhead_s=30e-6, insitu_factor=1.1)
+    fake = _fake_run("a", graph, plans, truth)
+    measured = {"walls": fake.walls, "busy": fake.busy, "others": fake.others,
+                "op_durations": {p: {op.id: float(t) for op, t in zip(graph.ops, fake.op_measured[p])}
+                                 for p in fake.op_measured}}
+    path = S.save_record(graph, S.GraphRef("layered:40:1"), MACHINE, plans, measured, {"rounds": 3},
+                         cache_dir=tmp_path)
+    assert path.parent == S.runtime_dir(MACHINE, tmp_path) and path.is_file()
+    (path.parent / "torch-cpu_torn.json").write_text("{")
+    with pytest.warns(UserWarning, match="skipping runtime measurements"):
+        runs = S.load_runs(MACHINE, MODEL, cache_dir=tmp_path)
+    assert len(runs) == 1 and runs[0].graph.fingerprint() == graph.fingerprint()
+    np.testing.assert_allclose(runs[0].cold, cold_weight_bytes(graph))
+    assert runs[0].walls == fake.walls and set(runs[0].op_measured) == set(fake.op_measured)
+    fitted = S.fit_runtime(runs, MACHINE, MODEL)
+    assert fitted.op_overhead_s == pytest.approx(30e-6, rel=0.15) and fitted.fitted_on == (graph.name,)
+    fitted.save(S.runtime_path(MACHINE, "torch-cpu", tmp_path))
+    assert S.load_runtime(MACHINE, "torch-cpu", tmp_path) == fitted
+    assert S.load_runtime(MACHINE, "tf", tmp_path) is None

@@ -8,6 +8,7 @@ import _thread
 import dataclasses
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -290,8 +291,31 @@ def test_raising_op_names_the_op_and_leaves_nothing_hung(be2, threads):
     assert _workers_alive() == workers, "no worker was lost or added"
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this test, as in a shell's foreground job.
+
+    A background job (``pytest ... &``, ``nohup``, ``setsid``, ``trap '' INT``)
+    starts with SIGINT ignored; Python then installs no handler, and both
+    ``_thread.interrupt_main()`` and a real SIGINT do nothing -- the test would
+    check nothing.  The handler is Python's own default, restored afterwards."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+#: ``python -c FOREGROUND script.py`` runs the script as ``python script.py`` run
+#: from a shell's foreground would (in ``__main__``, its globals alive until exit),
+#: with Python's default SIGINT handler even when this test run ignores SIGINT.
+FOREGROUND = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv = sys.argv[1:]; __file__ = sys.argv[0]; "
+              "exec(compile(open(__file__).read(), __file__, 'exec'))")
+
+
 @pytest.mark.parametrize("cores", [1, 2])
-def test_ctrl_c_stops_dispatch_and_waits_for_running_ops(cores):
+def test_ctrl_c_stops_dispatch_and_waits_for_running_ops(cores, ctrl_c_raises):
     g = from_torch(SlowFan(20), (torch.ones(3),), name="slowfan")
     with TorchCPUBackend(_machine(cores)) as be:
         workers = be.workers
@@ -384,7 +408,8 @@ _SUBPROCESS = textwrap.dedent("""
 def test_real_sigint_and_forgotten_backend_in_a_subprocess(tmp_path):
     script = tmp_path / "sigint_child.py"
     script.write_text(_SUBPROCESS)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", FOREGROUND, str(script)], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["interrupted", "result", "ok", "True", "exiting"], proc.stdout
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 
 pytest.importorskip("sb3_contrib")
 
@@ -24,9 +26,9 @@ TINY = [
     "--hyperparams", "tiny", "--n-envs", "2",
     "--set", "max_nodes=32",
     "--set", "train_graphs=layered:20:1,erdos_renyi:24:2",
-    "--set", "train_machines=cpu:8:90:40,2x2080ti",
+    "--set", "train_machines=cpu:8:90:40,random:5",
     "--set", "heldout_graphs=watts_strogatz:20:3",
-    "--set", "heldout_machines=knl-68",
+    "--set", "heldout_machines=cpu:16:80:100",
     "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
 ]
 
@@ -35,6 +37,33 @@ def _train(tmp_path: Path, *args: str):
     result = CliRunner().invoke(app, ["train-policy", "--out", str(tmp_path), "--no-progress", *args],
                                 catch_exceptions=False)
     return result
+
+
+def test_the_command_line_is_recorded_as_typed():
+    """typed_command: the options given, in their long spelling, not the defaults."""
+    from opsched.cli import progress_option
+    from opsched.commands.flags import typed_command
+
+    seen = []
+    demo = typer.Typer()
+
+    @demo.command("demo")
+    def demo_cmd(ctx: typer.Context, name: str = typer.Option("ppo", "--name"),
+                 out: Path = typer.Option(Path("runs"), "--out", "-o"),
+                 set_: list[str] = typer.Option([], "--set"), resume: Path = typer.Option(None, "--resume"),
+                 progress: bool = progress_option()) -> None:
+        seen.append(typed_command(ctx))
+
+    @demo.command("other")
+    def other() -> None:
+        pass
+
+    runner = CliRunner()
+    assert runner.invoke(demo, ["demo", "--resume", "runs/ppo_3", "-o", "x", "--set", "a=1", "--set", "b=2",
+                                "--no-progress"]).exit_code == 0
+    assert runner.invoke(demo, ["demo"]).exit_code == 0
+    assert seen == [["opsched", "demo", "--out", "x", "--set", "a=1", "--set", "b=2", "--resume", "runs/ppo_3",
+                     "--no-progress"], ["opsched", "demo"]]
 
 
 def _only_run(tmp_path: Path) -> Path:
@@ -69,7 +98,8 @@ def test_tiny_run_writes_every_file(tmp_path):
     steps = [c.steps for c in r.checkpoints()]
     assert steps[0] == 0 and steps[-1] == 256 and 128 in steps
     rows = r.evaluations()
-    assert [row["imitation_round"] for row in rows if row["imitation_round"] >= 0] == [0]  # the warm start
+    # the warm start: one imitation round, then one expert-iteration round (tiny)
+    assert [row["imitation_round"] for row in rows if row["imitation_round"] >= 0] == [0, 1]
     assert [row["timesteps"] for row in rows if row["imitation_round"] < 0] == [0, 128, 256]
     assert {"gmean_cpf", "gmean_heft", "gmean_sequential", "mean_cpf", "worst_best"} <= set(rows[0])
     assert all(row[k] > 0 for row in rows for k in ("gmean_cpf", "gmean_heft", "gmean_sequential"))
@@ -111,7 +141,10 @@ def test_resume_continues_the_step_counter(tmp_path):
     assert r.last_checkpoint().steps == 384
     steps = [row["timesteps"] for row in r.evaluations() if row["imitation_round"] < 0]
     assert steps[0] == 0 and steps == sorted(steps) and steps[-1] == 384 and len(set(steps)) == len(steps)
-    assert len((run / "command.txt").read_text().splitlines()) == 2
+    first, again = (run / "command.txt").read_text().splitlines()
+    assert first.startswith("opsched train-policy --name r --timesteps 128 --n-envs 2 --hyperparams tiny --set ")
+    # the resumed run records the command as typed: the run it resumed, not a fresh run's defaults
+    assert again == f"opsched train-policy --timesteps 384 --resume {run} --out {tmp_path} --no-progress"
     assert r.config.timesteps == 384
     # resuming with a setting change is refused
     bad = CliRunner().invoke(app, ["train-policy", "--resume", str(run), "--set", "n_steps=8"])
@@ -181,4 +214,64 @@ def test_ctrl_c_leaves_a_loadable_checkpoint(tmp_path):
     assert json.loads(cp.state_file.read_text())["num_timesteps"] == cp.steps
     model = load_trained_model(cp.model)
     assert model.policy is not None
-    assert not (run / ".lock").exists()
+    from opsched.agents.runs import RunLock
+
+    with RunLock(run):  # the killed run's lock was released with its process
+        pass
+
+
+# ------------------------------------------------------------------ one flag vocabulary
+MINE = ("train-policy", "tune", "export", "graphs", "machine", "maestro-train", "quickstart")
+
+
+def _help(*command: str) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.replace("│", " ").split())
+
+
+def test_train_policy_help_says_how_long_and_lists_the_hyperparams():
+    import yaml
+
+    from opsched.agents.config import hyperparams_text
+
+    text = _help("train-policy")
+    assert re.search(r"The default run takes about \d+ minutes on 2 cores", text), text
+    entries = list(yaml.safe_load(hyperparams_text()))
+    assert entries and all(f"{name} (" in text for name in entries), (entries, text)
+    assert "--progress --no-progress" in text and "[default: ppo]" in text and "[default: sim]" in text
+    tune = _help("tune")
+    assert all(f"{name} (" in tune for name in entries)
+
+
+def test_one_flag_vocabulary():
+    """-m is the model, -b the batch, --machine has no short flag, the performance
+    model is --perf-model; progress is --progress/--no-progress; every option of
+    these commands says what it does and its default."""
+    from typer.main import get_command
+
+    commands = get_command(app).commands
+    assert set(MINE) <= set(commands)
+    for name, command in commands.items():
+        for p in command.params:
+            if "-m" in p.opts:
+                assert p.name == "model", (name, p.opts)
+            if "-b" in p.opts:
+                assert p.name == "batch", (name, p.opts)
+            if "--machine" in p.opts:
+                assert p.opts == ["--machine"], (name, p.opts)
+            if "perf" in p.name:
+                assert p.opts == ["--perf-model"], (name, p.opts)
+    for name in MINE:
+        params = commands[name].params
+        assert not any(p.opts == ["--no-progress"] for p in params), name
+        if name not in ("export", "machine"):
+            assert any(p.opts == ["--progress"] and p.secondary_opts == ["--no-progress"] for p in params), name
+        for p in params:
+            if getattr(p, "param_type_name", "") != "option":
+                continue
+            assert p.help, (name, p.name)
+            is_flag = getattr(p, "is_flag", False)
+            assert is_flag or p.show_default is not False or "default" in p.help, (name, p.name, p.help)
+    # the quickstart's real model is -m / --model like everywhere else
+    assert "--model -m" in _help("quickstart")

@@ -16,7 +16,7 @@ TINY = [
     "--set", "n_steps=32", "--set", "hidden=16", "--set", "rounds=1", "--set", "imitation_rounds=0",
     "--set", "max_nodes=16",
     "--set", "train_graphs=layered:12:1", "--set", "train_machines=cpu:8:90:40",
-    "--set", "heldout_graphs=erdos_renyi:12:3", "--set", "heldout_machines=knl-68",
+    "--set", "heldout_graphs=erdos_renyi:12:3", "--set", "heldout_machines=cpu:16:80:100",
     "--set", "eval_freq=32", "--set", "checkpoint_freq=64",
 ]
 CODE = ("import sys, opsched.commands.tune; from opsched.cli import main; "
@@ -82,6 +82,10 @@ def test_journal_storage_and_retrain_a_trial(tmp_path):
     for key, value in best.params.items():
         assert run.config.ppo[key] == pytest.approx(value)
     assert run.final_model.is_file()
+    # the retraining run records the command as typed (not the test runner's argv, not the defaults)
+    line = (run.path / "command.txt").read_text().splitlines()[0]
+    assert line.startswith(f"opsched tune --study s --storage {journal} --trial {best.number} --timesteps 64 ")
+    assert "--n-trials" not in line and not line.split()[0].endswith("pytest")  # tmp paths may say pytest
     # an unknown trial is a clear error
     r = CliRunner().invoke(app, ["tune", "--study", "s", "--storage", journal, "--trial", "99",
                                  "--out", str(tmp_path)])

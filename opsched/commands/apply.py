@@ -14,18 +14,12 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from opsched.cli import app, console_for, progress_option, want_progress
 from opsched.errors import OpschedError
+from opsched.measured import DEFAULT_TOP
+from opsched.progress import progress_bar
 
 
 def print_result(result: dict[str, Any], console: Console) -> None:
@@ -46,10 +40,18 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     console.print(f"policy: {result['policy']} ({planned}{', coarsened' if result['coarsened'] else ''}); "
                   f"planning model: {result['perf_model']}; policy vs critical-path-first: "
                   f"{result['policy_vs_cpf']:.2f}x")
+    measured = result.get("measured")
+    if measured:
+        times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(measured.items(), key=lambda kv: kv[1]))
+        console.print(f"the policy's candidates timed here before choosing: {times}; kept {result['chosen']}")
     for key, why in result["fallbacks"].items():
         console.print(f"[yellow]{key} runs eagerly: {why}[/yellow]")
     if result["load_warning"]:
         console.print(f"[bold yellow]warning:[/bold yellow] {result['load_warning']}", markup=True)
+    if result["backend"] == "ort":
+        console.print("ort: '= eager' compares with ONNX Runtime's sequential run (and, for a PyTorch model, that "
+                      "run with eager PyTorch); a plan runs as ONNX Runtime sessions on lanes "
+                      "(opsched.backends.ort_backend)")
     if result["backend"] == "tf":
         console.print("tf: '= eager' compares with eager Keras, model(x); a plan runs with one process-wide "
                       "intra-op pool, its order and co-running as control dependencies (opsched.backends.tf_cpu)")
@@ -58,11 +60,14 @@ def print_result(result: dict[str, Any], console: Console) -> None:
 @app.command("apply")
 def apply_cmd(
     model: str = typer.Option(..., "--model", "-m", help="The network: zoo:NAME, keras:NAME[:side=N] (a "
-                              "keras.applications model), or path/to/module.py:factory (factory(batch) returns "
-                              "(nn.Module, example_inputs) or a built Keras model)."),
-    backend: str = typer.Option("auto", "--backend", help="Runtime: auto (torch-cpu for PyTorch models, tf for "
-                                "Keras models), torch-cpu, or tf (TensorFlow's CPU runtime; rows tf-default and "
-                                "tf-recommended replace eager)."),
+                              "keras.applications model), path/to/model.onnx, or path/to/module.py:factory "
+                              "(factory(batch) returns (nn.Module, example_inputs) or a built Keras model)."),
+    backend: str = typer.Option("auto", "--backend", help="Runtime: auto (ort for PyTorch models that export to "
+                                "ONNX with matching outputs, else torch-cpu; tf for Keras models; ort for .onnx "
+                                "files), torch-cpu (PyTorch's kernels), tf (TensorFlow's CPU runtime; rows "
+                                "tf-default and tf-recommended replace eager), or ort (ONNX Runtime's kernels as "
+                                "co-running sessions, or its one session when no plan is predicted faster; row "
+                                "ort-sequential, ONNX Runtime's own sequential run, is the reference)."),
     policy: str = typer.Option(None, "--policy", "-p", help="Exported policy folder (runs/<run>/policy), or a "
                                "heuristic's name. Default: the shipped pretrained policy."),
     batch: int = typer.Option(1, "--batch", "-b", help="Batch size."),
@@ -72,6 +77,9 @@ def apply_cmd(
     warmup: int = typer.Option(2, "--warmup", help="Untimed runs per configuration first."),
     save_plan: Path = typer.Option(None, "--save-plan", help="Write the policy's Plan to this JSON file."),
     plan: Path = typer.Option(None, "--plan", help="Run this saved Plan instead of planning (no policy needed)."),
+    measure: int = typer.Option(DEFAULT_TOP, "--measure", min=0, help="How many of the learned policy's best "
+                                "candidate plans (by the planning model) are timed on this machine before one is "
+                                "kept; 0 trusts the model alone."),
     perf_model: str = typer.Option("auto", "--perf-model", help="Planning model: auto (this machine's profiles "
                                    "plus the runtime model `opsched profile` fitted, if cached; else analytic), "
                                    "analytic, or fitted."),
@@ -86,17 +94,15 @@ def apply_cmd(
     from opsched.real_apply import run_apply
 
     console = console_for()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn())
-    with Progress(*columns, console=console_for(stderr=True), disable=not want_progress(progress),
-                  transient=True) as bar:
+    with progress_bar(console=console_for(stderr=True), enabled=want_progress(progress), transient=True) as bar:
         task = bar.add_task(f"timing {model}", total=None)
 
         def on_call(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
         result = run_apply(model, policy, backend=backend, batch=batch, width=width, repeats=repeats, warmup=warmup,
-                           plan_file=plan, save_plan=save_plan, perf_model=perf_model, on_call=on_call)
+                           plan_file=plan, save_plan=save_plan, perf_model=perf_model, on_call=on_call,
+                           measure=measure)
     print_result(result, console)
     if save_plan is not None:
         console.print(f"plan saved to {save_plan} (run it again with --plan {save_plan})")

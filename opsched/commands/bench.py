@@ -1,14 +1,11 @@
-"""``opsched bench``: a thin wrapper around ``bench/run_all.py`` (the one benchmark command).
+"""``opsched bench``: the full benchmark report (:mod:`opsched.benchmarks.run_all`).
 
-The benchmark lives in the repository's ``bench/`` folder, beside the package
-(it is a measurement script, not library code), so this command needs a
-source checkout; it says so clearly when ``bench/run_all.py`` is not there.
-Options map one to one onto the script's flags.
+Options map one to one onto ``python -m opsched.benchmarks.run_all``'s flags;
+the harness is part of the installed package, so this works from any folder.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -16,27 +13,6 @@ from pathlib import Path
 import typer
 
 from opsched.cli import app
-from opsched.errors import OpschedError
-
-
-def run_all_path() -> Path:
-    """Where ``bench/run_all.py`` is: beside the ``opsched`` package in a checkout."""
-    import opsched
-
-    return Path(opsched.__file__).resolve().parent.parent / "bench" / "run_all.py"
-
-
-def _load_run_all():  # -> module
-    path = run_all_path()
-    if not path.is_file():
-        raise OpschedError(f"opsched bench needs a source checkout of opsched: {path} not found "
-                           "(clone the repository and `pip install -e .`, then run `opsched bench` there)")
-    spec = importlib.util.spec_from_file_location("opsched_bench_run_all", path)
-    if spec is None or spec.loader is None:
-        raise OpschedError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @app.command("bench")
@@ -51,12 +27,13 @@ def bench_cmd(
     search_trials: int = typer.Option(0, "--search-trials", help="Optuna search budget per graph."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out."),
     profile: bool = typer.Option(False, "--profile", help="Profile zoo models that have no cached profile first."),
+    profiles: str = typer.Option("", "--profiles", help="Profile cache opsched plans with (default runs/profiles)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Benchmark opsched against eager PyTorch, torch.compile, ONNX Runtime, TensorFlow and the lower bound."""
     argv: list[str] = ["--out", out]
     for flag, value in (("--sections", sections), ("--models", models), ("--batches", batches),
-                        ("--policy", policy)):
+                        ("--policy", policy), ("--profiles", profiles)):
         if value:
             argv += [flag, value]
     for flag, value in (("--rounds", rounds), ("--search-trials", search_trials)):
@@ -67,9 +44,10 @@ def bench_cmd(
         if on:
             argv.append(flag)
     typed = sys.argv[1:] if Path(sys.argv[0]).name == "opsched" and sys.argv[1:2] == ["bench"] else ["bench", *argv]
-    module = _load_run_all()
+    from opsched.benchmarks import run_all
+
     try:
-        module.main(argv, command=shlex.join(["opsched", *typed]))
+        run_all.main(argv, command=shlex.join(["opsched", *typed]))
     except SystemExit as exc:  # the script's own usage errors: already printed, keep the status
         if exc.code not in (0, None):
             raise typer.Exit(exc.code if isinstance(exc.code, int) else 2) from None

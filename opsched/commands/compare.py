@@ -29,18 +29,11 @@ from typing import Any
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from opsched.cli import app, console_for, progress_option, want_progress
 from opsched.errors import OpschedError
+from opsched.progress import progress_bar
 
 CSV_FIELDS = ("graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
               "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s")
@@ -97,6 +90,8 @@ def _time_of(trace: Any, measured: bool) -> float:
 
 def _framework(graph: Any) -> str:
     """The framework a graph's executable source comes from."""
+    if type(graph.source).__name__ == "OnnxSource":
+        return "ONNX"
     return "TensorFlow" if type(graph.source).__name__ == "TFSource" else "PyTorch"
 
 
@@ -115,8 +110,12 @@ def _distinct_names(policies: list) -> list:
     return policies
 
 
+#: The real backend that runs a framework's graphs.
+_BACKEND_OF = {"TensorFlow": "tf", "ONNX": "ort", "PyTorch": "torch-cpu"}
+
+
 def _framework_of_backend(name: str) -> str:
-    return "TensorFlow" if name == "tf" else "PyTorch"
+    return "TensorFlow" if name == "tf" else "ONNX" if name == "ort" else "PyTorch"
 
 
 def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_spec: str, *, batch: int = 1,
@@ -155,6 +154,8 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
     policies = _distinct_names([get_policy(n, **kwargs.get(n, {})) for n in names])
     model = planning_model(machine, backend_name, perf_model)
     backend_kwargs = {"model": model, "noise": noise, "seed": seed} if backend_name == "sim" else {}
+    if backend_name == "ort":  # plans are lowered to sessions through the schedule of the model they were made with
+        backend_kwargs = {"model": model}
     rounds_load: list[float] = []
     with get_backend(backend_name, machine, **backend_kwargs) as backend:
         measured = backend.measured
@@ -163,19 +164,23 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         results: dict[str, list[Result]] = {}
         bounds: dict[str, float] = {}
         loaded = []
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), console=console, transient=False, disable=not progress)
+        bar = progress_bar(console=console, enabled=progress)
         with bar:
             t_load = bar.add_task("loading graphs", total=len(graphs))
             for spec in graphs:
-                graph = load_graph(spec, batch=batch, width=width, seed=seed)
+                if backend_name == "ort":  # the graph ONNX Runtime runs (a PyTorch model exported first)
+                    from opsched.specs import load_onnx_graph
+
+                    graph = load_onnx_graph(spec, batch=batch, width=width, seed=seed)
+                else:
+                    graph = load_graph(spec, batch=batch, width=width, seed=seed)
                 if measured and graph.source is None:
                     raise OpschedError(f"compare: graph {spec!r} has no executable source; synthetic and JSON "
                                        "graphs run only on --backend sim")
                 if measured and _framework(graph) != _framework_of_backend(backend_name):
                     raise OpschedError(f"compare: graph {spec!r} is a {_framework(graph)} model; --backend "
                                        f"{backend_name} runs {_framework_of_backend(backend_name)} models "
-                                       f"(use --backend {'tf' if _framework(graph) == 'TensorFlow' else 'torch-cpu'})")
+                                       f"(use --backend {_BACKEND_OF.get(_framework(graph), 'torch-cpu')})")
                 cached_fingerprint(graph)  # hashed once here, not inside the first policy's decision time
                 loaded.append((spec, graph))
                 bounds[spec] = float(lower_bound(graph, machine, model))
@@ -376,7 +381,8 @@ def compare_cmd(
                                    "synthetic:FAMILY[:n=N], FAMILY:N:SEED, graph .json files, module.py:factory."),
     machine: str = typer.Option("local", "--machine", help="local, a preset (knl-68, xeon-8180-2s, dgx1-4v100, "
                                 "2x2080ti, 4xa6000), a machine YAML, or cpu:CORES:GFLOPS:GBS[:SOCKETS]."),
-    backend: str = typer.Option("sim", "--backend", help="sim, torch-cpu, torch-cuda or tf."),
+    backend: str = typer.Option("sim", "--backend", help="sim, torch-cpu, torch-cuda, tf, or ort (ONNX Runtime's "
+                                "kernels as co-running sessions; PyTorch models are exported to ONNX)."),
     policies: str = typer.Option("all", "--policies", "-p",
                                  help="Comma-separated policy names; 'all' = every heuristic and the shipped "
                                       "learned policy; 'search' or an exported policy path may be added."),

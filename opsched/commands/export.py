@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from opsched.cli import app
+from opsched.cli import app, console_for
 
 
 @app.command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="Training run folder (runs/<name>_<N>)."),
-    which: str = typer.Option("best", "--which", help="best (the best held-out model), final, or a model zip "
-                              "inside the run."),
-    out: Path = typer.Option(None, "--out", "-o", help="Output folder (default: <run>/policy)."),
+    which: str = typer.Option("best", "--which", help="Which model: best (the best held-out model), final (the "
+                              "last), or the path of a model zip inside the run."),
+    out: Path = typer.Option(None, "--out", "-o", show_default=False,
+                             help="Output folder (default: <run>/policy)."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Check the numpy scheduler's logits "
                                 "against the torch policy's after writing."),
 ) -> None:
@@ -26,7 +26,7 @@ def export_cmd(
     folder = export_run(run, which=which, out=out, verify=verify)
     pol = load(folder)
     arch, src = pol.meta["architecture"], pol.meta["source"]
-    console = Console()
+    console = console_for()
     console.print(f"exported [bold]{src.get('model', '?')}[/bold] of {run} ({src.get('num_timesteps', '?')} steps) "
                   f"to [bold]{folder}[/bold]: graph encoder hidden={arch['hidden']} rounds={arch['rounds']}, "
                   f"max_nodes={pol.max_nodes}" + (", verified against the torch policy" if verify else ""))

@@ -4,45 +4,50 @@ synthetic families) with their op counts, FLOPs, parallel width and depth."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.progress import progress_bar
+from opsched.synthetic import FAMILIES
+from opsched.zoo import ZOO
 
 
 @app.command("graphs")
 def graphs_cmd(
-    names: list[str] = typer.Argument(None, help="Zoo models to show (default: all)."),
+    names: list[str] = typer.Argument(None, show_default=False,
+                                      help=f"Zoo models to show: {', '.join(ZOO)} (default: all)."),
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="Batch size of the zoo models."),
     width: float = typer.Option(1.0, "--width", "-w", min=0.01, help="Channel / hidden-size multiplier."),
     seed: int = typer.Option(0, "--seed", help="Seed for weights, RandWire wiring and synthetic graphs."),
-    synthetic: bool = typer.Option(False, "--synthetic", help="Add one row per synthetic family."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Add one row per synthetic family: "
+                                   f"{', '.join(FAMILIES)}."),
     n_ops: int = typer.Option(200, "--n", min=1, help="Op count of the synthetic graphs."),
-    save: Path = typer.Option(None, "--save", help="Write each graph as DIR/<name>.json."),
+    save: Path = typer.Option(None, "--save", show_default=False, help="Write each graph as DIR/<name>.json (default: not saved)."),
+    progress: Optional[bool] = progress_option(),
 ) -> None:
     """List the built-in graphs: ops, edges, GFLOPs, parallel width (max antichain) and depth."""
-    from opsched.synthetic import FAMILIES, generate
-    from opsched.zoo import ZOO, get_zoo_model
+    from opsched.synthetic import generate
+    from opsched.zoo import get_zoo_model
 
     chosen = [get_zoo_model(n) for n in names] if names else list(ZOO.values())
-    console = Console()
+    console = console_for()
     rows = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("importing", total=len(chosen) + (len(FAMILIES) if synthetic else 0))
+    with progress_bar(console=console_for(stderr=True), enabled=want_progress(progress), transient=True,
+                      eta=False) as bar:
+        task = bar.add_task("importing", total=len(chosen) + (len(FAMILIES) if synthetic else 0))
         for z in chosen:
-            progress.update(task, description=f"importing {z.name}")
+            bar.update(task, description=f"importing {z.name}")
             rows.append((z.name, z.description, z.graph(batch, width, seed)))
-            progress.advance(task)
+            bar.advance(task)
         if synthetic:
             for fam in FAMILIES:
-                progress.update(task, description=f"generating {fam}")
+                bar.update(task, description=f"generating {fam}")
                 g = generate(fam, n_ops, seed)
                 rows.append((g.name, f"synthetic {fam} DAG, {n_ops} ops, seed {seed}", g))
-                progress.advance(task)
+                bar.advance(task)
 
     table = Table(title=f"opsched graphs (batch {batch}, width {width:g})")
     table.add_column("name", no_wrap=True)

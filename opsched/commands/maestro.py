@@ -12,14 +12,18 @@ plain JSON (``policies/maestro_svm.json`` by default, the file that ships).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.machine import PRESETS
+from opsched.progress import progress_bar
+
+#: The presets with two GPUs or more (what --machines may name).
+MULTI_GPU_PRESETS = tuple(name for name, m in PRESETS.items() if len(m.gpus) >= 2)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -36,13 +40,18 @@ def _ints(text: str, what: str) -> list[int]:
 
 @app.command("maestro-train")
 def maestro_train_cmd(
-    out: Path = typer.Option(None, "--out", help="Where to write the classifier JSON (default: the shipped file)."),
-    machines: str = typer.Option("2x2080ti,dgx1-4v100,4xa6000", "--machines", help="Multi-GPU machines (presets)."),
-    sizes: str = typer.Option("20,50,100,200", "--sizes", help="Synthetic graph sizes (ops)."),
-    scales: str = typer.Option("1,4,16,64", "--scales", help="Batch scale factors applied to each graph."),
-    seeds: int = typer.Option(3, "--seeds", help="Random graphs per family and size."),
+    out: Path = typer.Option(None, "--out", show_default=False,
+                             help="Where to write the classifier JSON (default: the shipped policies/maestro_svm.json)."),
+    machines: str = typer.Option("2x2080ti,dgx1-4v100,4xa6000", "--machines",
+                                 help=f"Comma-separated multi-GPU machines: presets ({', '.join(MULTI_GPU_PRESETS)}) "
+                                      "or machine YAML files with two GPUs or more."),
+    sizes: str = typer.Option("20,50,100,200", "--sizes", help="Comma-separated synthetic graph sizes (ops)."),
+    scales: str = typer.Option("1,4,16,64", "--scales", help="Comma-separated batch scale factors applied to "
+                               "each graph."),
+    seeds: int = typer.Option(3, "--seeds", min=1, help="Random graphs per family and size."),
     zoo: bool = typer.Option(True, "--zoo/--no-zoo", help="Evaluate on the zoo models (held out)."),
-    c: float = typer.Option(10.0, "--C", help="SVM regularization."),
+    c: float = typer.Option(10.0, "--C", help="SVM regularization (larger: fewer training errors tolerated)."),
+    progress: Optional[bool] = progress_option(),
 ) -> None:
     """Train NN Maestro's SVM on simulated outcomes and save it as JSON."""
     from sklearn.model_selection import cross_val_score
@@ -62,7 +71,7 @@ def maestro_train_cmd(
     )
     from opsched.synthetic import generate
 
-    console = Console()
+    console = console_for()
     mach = [get_machine(m.strip()) for m in machines.split(",") if m.strip()]
     if any(len(m.gpus) < 2 for m in mach):
         raise OpschedError("maestro-train: every --machines entry needs at least two GPUs")
@@ -71,8 +80,7 @@ def maestro_train_cmd(
     jobs = [(f, n, s, k, m) for m in mach for f in families for n in size_list for s in range(seeds)
             for k in scale_list]
     X, y = [], []
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console)
+    prog = progress_bar(console=console_for(stderr=True), enabled=want_progress(progress))
     with prog:
         task = prog.add_task("simulating training graphs", total=len(jobs))
         for (family, opts), n, s, k, m in jobs:

@@ -12,6 +12,13 @@ every later plan on this machine (:func:`opsched.planning.planning_model`):
 
 The command prints the slowest ops, how they scale, the runtime model and
 how well the planning model now predicts this model's measured plans.
+
+``--backend ort`` does both for ONNX Runtime instead (:mod:`opsched.backends.ort_profiler`,
+:mod:`opsched.backends.ort_fit`): the graph ONNX Runtime runs (a PyTorch model
+exported to ONNX first, or an ``.onnx`` file), every node's kernel time from
+ONNX Runtime's own profiler at each thread level, co-run pairs, then plans
+measured on the ``ort`` backend; cached in ``<out>/ort`` and
+``<out>/runtime/<machine>/ort.json``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,10 @@ from opsched.cli import app, console_for, progress_option, want_progress
 def profile_cmd(
     model_arg: str = typer.Argument(None, metavar="[MODEL]", help="The network (same as --model)."),
     model: str = typer.Option(None, "--model", "-m", help="The network: zoo:NAME or path/to/module.py:factory "
-                              "(a torch model)."),
+                              "(a torch model), or path/to/model.onnx (--backend ort)."),
+    backend: str = typer.Option("torch-cpu", "--backend", help="Whose kernels to profile and whose runtime to "
+                                "fit: torch-cpu (PyTorch's ops) or ort (ONNX Runtime's kernels and the ort "
+                                "backend)."),
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="Batch size."),
     width: float = typer.Option(1.0, "--width", min=0.01, help="Channel / hidden-size multiplier."),
     seed: int = typer.Option(0, "--seed", help="Seed for the weights."),
@@ -66,6 +76,12 @@ def profile_cmd(
         except ValueError:
             raise OpschedError(f"--threads {threads!r}: expected comma-separated integers such as 1,2") from None
     machine = Machine.probe()
+    if backend not in ("torch-cpu", "ort"):
+        raise OpschedError(f"profile: --backend must be torch-cpu or ort, got {backend!r}")
+    if backend == "ort":
+        _profile_ort(console, spec, batch, width, seed, machine, levels, refresh, not no_interference, runtime,
+                     runtime_plans, out, top, progress)
+        return
     with console.status(f"importing {spec}"):
         graph = load_graph(spec, batch=batch, width=width, seed=seed)
     path = cache_path(graph, machine, out)
@@ -115,31 +131,66 @@ def _print_profile(console, graph, machine, prof, top: int) -> None:  # noqa: AN
 def _calibrate(console, spec: str, graph, batch: int, width: float, seed: int, machine, out: Path,  # noqa: ANN001
                n_plans: int, progress: bool | None) -> None:
     """Step 2: measure whole plans, refit and save the runtime model, show how well it predicts them."""
-    import numpy as np
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from opsched.backends.runtime import PlanningModel
-    from opsched.backends.runtime_fit import GraphRef, calibrate, runtime_path, simulate
-    from opsched.planning import planning_model
+    from opsched.backends.runtime_fit import GraphRef
 
     if graph.source is None or type(graph.source).__name__ != "TorchSource":
         console.print("[yellow]runtime model: skipped (it is fitted on a PyTorch model's measured plans)[/yellow]")
         return
+    _fit_runtime(console, "torch-cpu", graph, GraphRef(spec, batch, width, seed), machine, out, n_plans, progress)
+
+
+def _profile_ort(console, spec: str, batch: int, width: float, seed: int, machine, levels, refresh: bool,  # noqa: ANN001
+                 interference: bool, runtime: bool, n_plans: int, out: Path, top: int, progress: bool | None) -> None:
+    """``--backend ort``: ONNX Runtime's kernel profile, then the ort runtime model."""
+    from opsched.backends.ort_profiler import ort_cache_dir, profile_ort
+    from opsched.backends.profiler import cache_path
+    from opsched.backends.runtime_fit import GraphRef
+    from opsched.specs import load_onnx_graph
+
+    with console.status(f"importing {spec} into ONNX Runtime"):
+        graph = load_onnx_graph(spec, batch=batch, width=width, seed=seed)
+    folder = ort_cache_dir(out)
+    with console.status(f"profiling {graph.name} with ONNX Runtime's profiler") as status:
+        prof = profile_ort(graph, machine, threads=levels, refresh=refresh, cache_dir=folder,
+                           interference=interference, progress=lambda msg: status.update(msg))
+    _print_profile(console, graph, machine, prof, top)
+    console.print(f"ONNX Runtime profile in [bold]{cache_path(graph, machine, folder)}[/bold]")
+    if not runtime:
+        return
+    _fit_runtime(console, "ort", graph, GraphRef(spec, batch, width, seed), machine, out, n_plans, progress)
+
+
+def _fit_runtime(console, backend: str, graph, ref, machine, out: Path, n_plans: int,  # noqa: ANN001
+                 progress: bool | None) -> None:
+    """Measure ``n_plans`` whole plans of ``graph`` on ``backend``, refit and save
+    the backend's runtime model, and show how well the planning model then
+    predicts those plans (in-sample)."""
+    import numpy as np
+
+    from opsched.backends.runtime import PlanningModel
+    from opsched.backends.runtime_fit import runtime_path, simulate
+    from opsched.planning import planning_model
+    from opsched.progress import progress_bar
+
+    if backend == "ort":
+        from opsched.backends.ort_fit import calibrate_ort as calibrate
+    else:
+        from opsched.backends.runtime_fit import calibrate
     cpu = machine.cpu_only()
-    perf = planning_model(cpu, "torch-cpu", "fitted", out)
+    perf = planning_model(cpu, backend, "fitted", out)
     perf = perf.perf if isinstance(perf, PlanningModel) else perf
     rounds = 3
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console_for(stderr=True), disable=not want_progress(progress), transient=True) as bar:
-        task = bar.add_task(f"runtime: measuring {n_plans} plans of {graph.name}", total=rounds)
-        model, runs = calibrate(graph, GraphRef(spec, batch, width, seed), cpu, perf, n_plans=n_plans,
-                                rounds=rounds, cache_dir=out,
+    with progress_bar(console=console_for(stderr=True), enabled=want_progress(progress), transient=True,
+                      eta=False) as bar:
+        task = bar.add_task(f"{backend} runtime: measuring {n_plans} plans of {graph.name}", total=rounds)
+        model, runs = calibrate(graph, ref, cpu, perf, n_plans=n_plans, rounds=rounds, cache_dir=out,
                                 on_round=lambda r: bar.update(task, completed=r))
     mine = next(r for r in runs if r.graph.fingerprint() == graph.fingerprint())
     sims = simulate(mine.graph, cpu, PlanningModel(perf, model), mine.plans)
     err = np.array([abs(sims[p] - mine.measured(p)) / mine.measured(p) for p in mine.plans])
     fields = ", ".join(f"{k}={v:.3g}" for k, v in model.to_dict().items() if k not in ("backend", "fitted_on"))
-    console.print(f"runtime model (fitted on {len(runs)} model(s), {sum(len(r.plans) for r in runs)} plans): {fields}")
+    console.print(f"{backend} runtime model (fitted on {len(runs)} model(s), {sum(len(r.plans) for r in runs)} "
+                  f"plans): {fields}")
     console.print(f"planning model vs {len(mine.plans)} measured plans of {graph.name}: median error "
                   f"{np.median(err):.1%} (in-sample: these plans were fitted on)")
-    console.print(f"runtime model written to [bold]{runtime_path(cpu, 'torch-cpu', out)}[/bold]")
+    console.print(f"runtime model written to [bold]{runtime_path(cpu, backend, out)}[/bold]")

@@ -1,4 +1,13 @@
-"""``opsched train-policy``: train the RL scheduler (MaskablePPO + graph encoder) into a run folder."""
+"""``opsched train-policy``: train the RL scheduler (MaskablePPO + graph encoder) into a run folder.
+
+The options follow the vocabulary every command shares (``--progress/--no-progress``,
+``--machine`` without a short flag, ``-m`` the model, ``-b`` the batch); the
+``--hyperparams`` choices are read from ``agents/hyperparams/ppo.yml`` itself, so
+``--help`` lists exactly the entries there are.  The run's ``command.txt``
+records the command as typed (:func:`~opsched.commands.flags.typed_command`): a resumed run's line is
+``opsched train-policy --resume runs/ppo_3 --timesteps 50000``, not a fresh
+run's defaults.
+"""
 
 from __future__ import annotations
 
@@ -9,39 +18,52 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, progress_option, want_progress
+from opsched.commands.flags import DEFAULT_RUN_MINUTES, hyperparams_help, typed_command
 
 
-@app.command("train-policy")
+@app.command("train-policy", help=(
+    "Train a scheduling policy into <out>/<name>_<N>/ (config, command line, TensorBoard events, "
+    f"checkpoints, held-out evaluations, the exported policy). The default run takes about "
+    f"{DEFAULT_RUN_MINUTES} minutes on 2 cores. Ctrl-C saves a checkpoint; --resume continues it."))
 def train_policy(
+    ctx: typer.Context,
     name: str = typer.Option("ppo", "--name", help="Run name: the folder is <out>/<name>_<N>."),
-    timesteps: Optional[int] = typer.Option(None, "--timesteps", help="PPO environment steps (default 40000; "
-                                            "with --resume: the new total)."),
-    n_envs: int = typer.Option(2, "--n-envs", help="Parallel environments (subprocesses when > 1)."),
-    seed: int = typer.Option(0, "--seed"),
-    hyperparams: str = typer.Option("default", "--hyperparams", help="Entry of agents/hyperparams/ppo.yml."),
-    set_: list[str] = typer.Option([], "--set", help="Override a hyperparameter or setting: key=value "
-                                   "(repeatable), e.g. --set learning_rate=3e-4 --set eval_freq=2000."),
-    backend: str = typer.Option("sim", "--backend", help="sim (simulator) or torch-cpu (measured on this "
-                                "machine; start from a simulator run with --init)."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Fine-tune from this run's best model."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run from its last checkpoint."),
+    timesteps: Optional[int] = typer.Option(None, "--timesteps", min=0, show_default=False,
+                                            help="PPO environment steps after the warm start (imitation, then "
+                                                 "expert iteration); default 0: none. With --resume: the new "
+                                                 "total, by default the run's own."),
+    n_envs: int = typer.Option(2, "--n-envs", min=1, help="Parallel environments (subprocesses when > 1)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the policy, the environments and the warm start."),
+    hyperparams: str = typer.Option("default", "--hyperparams", help=hyperparams_help("PPO / encoder settings.")),
+    set_: list[str] = typer.Option([], "--set", show_default=False,
+                                   help="Override a hyperparameter or setting: key=value (repeatable; default "
+                                        "none), e.g. --set learning_rate=3e-4 --set eval_freq=2000."),
+    backend: str = typer.Option("sim", "--backend", help="Where episodes run: sim (the simulator) or torch-cpu "
+                                "(measured on this machine; start from a simulator run with --init)."),
+    init: Optional[Path] = typer.Option(None, "--init", show_default=False,
+                                        help="Fine-tune from this run folder's best model (default: none; a fresh "
+                                             "policy, warm-started by imitation)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", show_default=False,
+                                          help="Continue this run folder from its last checkpoint (default: none; "
+                                               "a new run)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder that holds the run folders."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Start from a config.yaml (e.g. a run's)."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    config: Optional[Path] = typer.Option(None, "--config", show_default=False,
+                                          help="Start from a config.yaml, e.g. a run's (default: the built-in "
+                                               "settings)."),
+    progress: Optional[bool] = progress_option(),
 ) -> None:
-    """Train a scheduling policy; Ctrl-C saves a checkpoint, --resume continues it."""
     from opsched.agents import TrainConfig, train
     from opsched.agents import resume as resume_run
     from opsched.agents.config import ConfigError, parse_set
 
     console = Console(stderr=True)
-    argv = command_line(name=name, timesteps=timesteps, n_envs=n_envs, seed=seed, hyperparams=hyperparams,
-                        set_=set_, backend=backend, init=init, resume=resume, out=out, config=config)
+    argv = typed_command(ctx)
+    show = want_progress(progress)
     if resume is not None:
         if set_ or init or config:
             raise ConfigError("--resume continues a run with its own config; only --timesteps may change it")
-        run = resume_run(resume, timesteps=timesteps, argv=argv, progress=not no_progress, console=console)
+        run = resume_run(resume, timesteps=timesteps, argv=argv, progress=show, console=console)
     else:
         cfg = TrainConfig.load(config) if config else TrainConfig()
         cfg.name, cfg.n_envs, cfg.seed, cfg.hyperparams, cfg.backend, cfg.out = (
@@ -52,23 +74,10 @@ def train_policy(
             cfg.timesteps = timesteps
         cfg.init = str(init) if init else None
         cfg.overrides = {**cfg.overrides, **parse_set(set_)}
-        run = train(cfg, argv=argv, progress=not no_progress, console=console)
+        run = train(cfg, argv=argv, progress=show, console=console)
     print_result(run, console)
     if run.interrupted:
         raise SystemExit(130)  # the shell's code for "stopped by Ctrl-C" (typer.Exit is lost under cli.main)
-
-
-def command_line(**opts) -> list[str]:
-    """The command line that reproduces this invocation (every option spelled out)."""
-    argv = ["opsched", "train-policy"]
-    for key, value in opts.items():
-        flag = "--" + key.rstrip("_").replace("_", "-")
-        if key == "set_":
-            for item in value:
-                argv += ["--set", item]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
 
 
 def print_result(run, console: Console) -> None:

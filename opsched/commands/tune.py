@@ -1,8 +1,13 @@
-"""``opsched tune``: Optuna search over the agent's hyperparameters (one worker per process)."""
+"""``opsched tune``: Optuna search over the agent's hyperparameters (one worker per process).
+
+Flags as every command spells them (``--progress/--no-progress``, the
+``--hyperparams`` entries of ``agents/hyperparams/ppo.yml`` listed by
+``--help``); ``--trial N`` retrains into a run folder whose ``command.txt``
+holds the command as typed.
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,27 +15,35 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app
+from opsched.cli import app, progress_option, want_progress
+from opsched.commands.flags import hyperparams_help, typed_command
 
 
 @app.command("tune")
 def tune_cmd(
+    ctx: typer.Context,
     study: str = typer.Option("opsched-ppo", "--study", help="Study name (shared by every worker)."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage: a database URL "
-                                          "(sqlite:///..., postgresql://..., mysql://...) or a journal file "
-                                          "(*.log, *.journal, journal:PATH). Default: sqlite file <out>/optuna.db."),
-    n_trials: int = typer.Option(20, "--n-trials", help="Cap on the study's trials, across all workers."),
-    trial: Optional[int] = typer.Option(None, "--trial", help="Retrain with finished trial N's parameters "
-                                        "(a full run with --timesteps) instead of searching."),
-    timesteps: Optional[int] = typer.Option(None, "--timesteps", help="Steps per trial (default 20000; "
-                                            "with --trial: of the retraining run, default 40000)."),
-    n_envs: int = typer.Option(2, "--n-envs"),
-    seed: int = typer.Option(0, "--seed"),
-    hyperparams: str = typer.Option("default", "--hyperparams", help="Entry the trials start from."),
-    set_: list[str] = typer.Option([], "--set", help="Fixed overrides for every trial: key=value."),
-    out: Path = typer.Option(Path("runs"), "--out", help="Folder of the trial run folders (and the default study file)."),
+    storage: Optional[str] = typer.Option(None, "--storage", show_default=False,
+                                          help="Optuna storage: a database URL (sqlite:///..., postgresql://..., "
+                                               "mysql://...) or a journal file (*.log, *.journal, journal:PATH) "
+                                               "(default: the SQLite file <out>/optuna.db)."),
+    n_trials: int = typer.Option(20, "--n-trials", min=1, help="Cap on the study's trials, across all workers."),
+    trial: Optional[int] = typer.Option(None, "--trial", min=0, show_default=False,
+                                        help="Retrain with finished trial N's parameters (a full run with "
+                                             "--timesteps) instead of searching (default: search)."),
+    timesteps: Optional[int] = typer.Option(None, "--timesteps", min=0, show_default=False,
+                                            help="PPO steps per trial (default 20000; with --trial: of the "
+                                                 "retraining run, default 0)."),
+    n_envs: int = typer.Option(2, "--n-envs", min=1, help="Parallel environments per trial."),
+    seed: int = typer.Option(0, "--seed", help="Seed of every trial's training."),
+    hyperparams: str = typer.Option("default", "--hyperparams",
+                                    help=hyperparams_help("The entry the trials start from.")),
+    set_: list[str] = typer.Option([], "--set", show_default=False,
+                                   help="Fixed overrides for every trial: key=value (repeatable; default none)."),
+    out: Path = typer.Option(Path("runs"), "--out", help="Folder of the trial run folders (and the default "
+                             "study file)."),
     show: bool = typer.Option(False, "--show", help="Only list the study's trials."),
-    progress: bool = typer.Option(False, "--progress", help="Progress bar for every trial's training."),
+    progress: Optional[bool] = progress_option(),
 ) -> None:
     """Search PPO / encoder hyperparameters with Optuna (ask/tell, pruning, shared storage)."""
     from opsched.agents.config import TrainConfig, parse_set
@@ -39,7 +52,8 @@ def tune_cmd(
     console = Console(stderr=True)
     base = TrainConfig(n_envs=n_envs, seed=seed, hyperparams=hyperparams, out=str(out),
                        overrides=parse_set(set_), timesteps=20_000)
-    cfg = TuneConfig(study=study, storage=storage, n_trials=n_trials, base=base, progress=progress)
+    cfg = TuneConfig(study=study, storage=storage, n_trials=n_trials, base=base,
+                     progress=want_progress(progress))
     if show:
         print_trials(summary(cfg), console)
         return
@@ -48,7 +62,7 @@ def tune_cmd(
                            overrides=parse_set(set_))
         if timesteps is not None:
             full.timesteps = timesteps
-        run = retrain(cfg, trial, base=full, argv=["opsched", *sys.argv[1:]])
+        run = retrain(cfg, trial, base=full, argv=typed_command(ctx), progress=want_progress(progress))
         from opsched.commands.train import print_result
 
         print_result(run, console)

@@ -36,7 +36,7 @@ import numpy as np
 
 from opsched.engine.contracts import TimeTable
 from opsched.errors import GraphError
-from opsched.graph import Edge, Op, OpGraph
+from opsched.graph import Edge, Op, OpGraph, kahn_order
 from opsched.plan import Assignment
 
 
@@ -206,17 +206,7 @@ def coarsen(graph: OpGraph, max_nodes: int, cost: Sequence[float] | np.ndarray |
 
 
 def _group_topo(members: dict[int, list[int]], succ: dict[int, set[int]], pred: dict[int, set[int]]) -> list[int]:
-    indeg = {g: len(pred[g]) for g in members}
-    ready = sorted(g for g, d in indeg.items() if d == 0)
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        g = heapq.heappop(ready)
-        order.append(g)
-        for x in succ[g]:
-            indeg[x] -= 1
-            if indeg[x] == 0:
-                heapq.heappush(ready, x)
+    order = kahn_order({g: len(pred[g]) for g in members}, succ)
     if len(order) != len(members):  # cannot happen: every merge above is acyclic
         raise GraphError("coarsen: internal error, the group graph has a cycle")
     return order

@@ -114,6 +114,10 @@ class PerfModel(Protocol):
         """Co-run interference: factors >= 1 of ops computing together on
         ``device``, from each one's alone memory-bandwidth demand (GB/s)."""
 
+    def occupancy(self, op: Op, device: Device) -> float:
+        """The share of a GPU's compute ``op`` fills alone (0 on a CPU): ops on
+        concurrent streams whose shares add up to more than 1 share the GPU."""
+
 
 @runtime_checkable
 class Backend(Protocol):

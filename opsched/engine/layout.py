@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 #: The most devices a machine may have for the env (host CPU + 7 GPUs).
 MAX_DEVICES = 8
 #: The most thread levels per device (1, 2, 4, ..., 64, all cores) = 8.
@@ -69,6 +71,13 @@ STATIC_FEATURES: tuple[str, ...] = (
     "in_degree",          # in-degree / 8 (clipped to 1)
     "out_degree",         # out-degree / 8 (clipped to 1)
     "gpu_time",           # predicted time on the first GPU / reference (clipped to 1); 0 without GPUs
+    "comm_ratio",         # log10(1 + moving its output over the slowest link / its fastest time) / 3,
+                          # clipped to 1; 0 without GPUs (what placing it away from its consumers costs)
+    # the best heuristic's plan (opsched.policies.hints; 0 when none was given): the policy's starting point
+    "hint_device",        # (its device index + 1) / MAX_DEVICES
+    "hint_level",         # (its thread-level index on that device + 1) / MAX_LEVELS
+    "hint_threads",       # its threads / its device's slots
+    "hint_order",         # 1 - its place in the heuristic's dispatch order / ops (1 = first)
 )
 #: Per-op dynamic state (columns of obs["node_dynamic"]).
 DYNAMIC_FEATURES: tuple[str, ...] = (
@@ -77,6 +86,7 @@ DYNAMIC_FEATURES: tuple[str, ...] = (
     "threads_frac",       # threads / device slots once started, else 0
     "remaining",          # running ops: predicted time to finish (transfer wait included) / reference,
                           # clipped to 1; else 0
+    "hint_free",          # 1 for a ready op the best heuristic's plan would start now (its holds are done)
 )
 #: Per-device hardware state (obs["hardware"] has MAX_DEVICES rows of these;
 #: rows of absent devices are all 0).
@@ -89,6 +99,8 @@ HARDWARE_FEATURES: tuple[str, ...] = (
     "mem_frac",           # bytes of live tensors there / device memory (clipped to 1)
     "log_gflops",         # log10(peak GFLOP/s of one slot for a CPU, of the device for a GPU) / 5
     "log_bandwidth",      # log10(memory GB/s) / 4, clipped to 1
+    "log_link_host",      # a GPU's link to the CPU: log10(GB/s) / 3, clipped to [0, 1]; 0 for the CPU
+    "log_link_peer",      # a GPU's mean link to the other GPUs (through the host if no direct one), same scale
 )
 #: Global scalars (obs["globals"]).
 GLOBAL_FEATURES: tuple[str, ...] = (
@@ -97,6 +109,36 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "frac_ready",         # ready ops / ops
     "log_nodes",          # log2(ops in the (coarsened) graph) / 10, clipped to 1
 )
+
+
+def hint_columns(node_static: Any) -> tuple[Any, Any, Any]:
+    """From ``node_static`` rows (numpy or torch, any leading axes): each op's
+    hinted flat action column ``device * MAX_LEVELS + level`` (-1 where no
+    hint), whether it has a hint, and its ``hint_order``; what the policy's
+    prior reads (gated by :func:`hint_gate`)."""
+    col = STATIC_FEATURES.index("hint_device")
+    dev = (node_static[..., col] * MAX_DEVICES).round() - 1
+    lvl = (node_static[..., STATIC_FEATURES.index("hint_level")] * MAX_LEVELS).round() - 1
+    order = node_static[..., STATIC_FEATURES.index("hint_order")]
+    flat = dev * MAX_LEVELS + lvl
+    return flat, dev >= 0, order
+
+
+def hint_gate(node_static: Any, node_dynamic: Any, hardware: Any) -> Any:
+    """1 for the ops the hinted plan would start now: ready, its holds done
+    (``hint_free``), and its hinted thread count fits in its device's free
+    slots (the plan's own dispatch rule); 0 elsewhere.  numpy or torch, with
+    matching leading axes (``hardware``: (..., MAX_DEVICES, features))."""
+    free = node_dynamic[..., DYNAMIC_FEATURES.index("hint_free")]
+    dev = (node_static[..., STATIC_FEATURES.index("hint_device")] * MAX_DEVICES).round() - 1
+    want = node_static[..., STATIC_FEATURES.index("hint_threads")]
+    have = hardware[..., HARDWARE_FEATURES.index("free_frac")]
+    idx = dev.clip(0, MAX_DEVICES - 1)
+    if type(node_static).__module__.split(".")[0] == "torch":  # the training encoder (batched tensors)
+        got = have.gather(-1, idx.long())
+        return free * (dev >= 0).to(free.dtype) * (want <= got + 1e-6).to(free.dtype)
+    got = np.take_along_axis(have, idx.astype(np.int64), axis=-1)
+    return free * (dev >= 0) * (want <= got + 1e-6)
 
 
 def obs_shapes(max_nodes: int, max_edges: int) -> dict[str, tuple[int, ...]]:

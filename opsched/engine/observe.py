@@ -31,6 +31,7 @@ from opsched.engine.sim import SimState, SimStatic, lower_bound, prepare
 from opsched.errors import GraphError, MachineError
 from opsched.graph import KIND_INDEX, OpGraph
 from opsched.machine import Machine
+from opsched.plan import Plan
 
 _S = {k: i for i, k in enumerate(STATIC_FEATURES)}
 _D = {k: i for i, k in enumerate(DYNAMIC_FEATURES)}
@@ -91,6 +92,7 @@ class EpisodeData:
     mem_capacity: np.ndarray    # (n_dev,) bytes
     log_nodes: float
     node_levels: np.ndarray     # (N, MAX_LEVELS) float32: level_features of the scheduled graph
+    hint_after: tuple[tuple[int, ...], ...] = ()  # per slot, the slots the hinted plan holds it for
     fits_cache: dict = field(default_factory=dict)  # free slots per device -> flat (device, level) fits
 
     @property
@@ -98,7 +100,11 @@ class EpisodeData:
         return self.static.n
 
 
-def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int, max_edges: int) -> EpisodeData:
+def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int, max_edges: int,
+                    hint: Plan | None = None) -> EpisodeData:
+    """Everything static about one episode (see :class:`EpisodeData`).  ``hint``:
+    the best heuristic's Plan for ``graph`` (``opsched.policies.hints``), read
+    into the ``hint_*`` columns of ``node_static``; without one they are 0."""
     if not graph.ops:
         raise GraphError(f"graph {graph.name!r} has no ops: there is nothing to schedule")
     check_machine(machine)
@@ -128,11 +134,14 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
         hw[d, _H["log_cores"]] = min(math.log2(dev.cores) / 7.0, 1.0)
         hw[d, _H["log_gflops"]] = min(max(math.log10(dev.gflops) / 5.0, 0.0), 1.0)
         hw[d, _H["log_bandwidth"]] = min(max(math.log10(dev.mem_bandwidth_gbs) / 4.0, 0.0), 1.0)
+        if dev.is_gpu:
+            hw[d, _H["log_link_host"]] = _log_link(machine, dev.id, ("cpu",))
+            hw[d, _H["log_link_peer"]] = _log_link(machine, dev.id, [g.id for g in machine.gpus if g.id != dev.id])
         levels = dev.thread_levels()
         lt[d, : len(levels)] = levels
     cpu_levels = static.table.levels[cpu]
     node_levels = level_features(static.table.times[:, cpu, :len(cpu_levels)], cpu_levels, max_nodes)
-    return EpisodeData(
+    data = EpisodeData(
         graph=graph, machine=machine, coarsening=co, static=static, reference=reference, node_levels=node_levels,
         lower_bound=lower_bound(graph, machine, full.model), max_nodes=max_nodes,
         node_static=node_static, node_mask=node_mask, edge_index=edge_index, edge_mask=edge_mask,
@@ -140,6 +149,27 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
         mem_capacity=np.array([max(d.memory_gb, 1e-9) * 1e9 for d in machine.devices]),
         log_nodes=min(math.log2(max(n, 1)) / 10.0, 1.0),
     )
+    if hint is not None:
+        from opsched.engine.slots import from_plan
+
+        sp = from_plan(data, hint, hint.policy)
+        node_static[:n, _S["hint_device"]] = (np.asarray(sp.device) + 1.0) / MAX_DEVICES
+        node_static[:n, _S["hint_level"]] = (np.asarray(sp.level) + 1.0) / MAX_LEVELS
+        node_static[:n, _S["hint_threads"]] = [static.levels[d][lv] / static.caps[d]
+                                               for d, lv in zip(sp.device, sp.level, strict=True)]
+        node_static[:n, _S["hint_order"]] = 1.0 - np.asarray(sp.rank, float) / n
+        data.hint_after = tuple(tuple(deps) for deps in sp.after)
+    return data
+
+
+def _log_link(machine: Machine, a: str, others: Sequence[str]) -> float:
+    """log10 of the mean bandwidth (GB/s) from device ``a`` to ``others`` / 3, in [0, 1]."""
+    bws = []
+    for b in others:
+        link = machine.link(a, b)
+        if link is not None:
+            bws.append(link.bandwidth_gbs)
+    return min(max(math.log10(float(np.mean(bws))) / 3.0, 0.0), 1.0) if bws else 0.0
 
 
 def level_features(times: np.ndarray, levels: Sequence[int], max_nodes: int, max_levels: int = MAX_LEVELS) -> np.ndarray:
@@ -186,10 +216,14 @@ def node_static_features(graph: OpGraph, static: SimStatic, machine: Machine, re
     gpus = [d for d, dev in enumerate(machine.devices) if dev.is_gpu]
     if gpus:
         out[:, _S["gpu_time"]] = np.clip(times[:, gpus[0], 0] / reference, 0.0, 1.0)
+        slowest = min(link.bandwidth_gbs for link in machine.links) if machine.links else 1e3
+        xfer = np.array([op.bytes_written for op in graph.ops]) / (slowest * 1e9)
+        out[:, _S["comm_ratio"]] = np.clip(np.log10(1.0 + xfer / np.maximum(fastest, 1e-30)) / 3.0, 0.0, 1.0)
     return out
 
 
 _HW_DYN = slice(_H["free_frac"], _H["mem_frac"] + 1)
+_HINT_FREE = _D["hint_free"]
 assert (_H["busy_until"], _H["mem_frac"]) == (_H["free_frac"] + 1, _H["free_frac"] + 2)
 
 
@@ -212,6 +246,13 @@ class Observer:
         self._slots = data.slots.tolist()
         self._mem_cap = data.mem_capacity.tolist()
         self._fits: dict[tuple[int, ...], np.ndarray] = data.fits_cache
+        # the hinted plan's holds: per slot, how many of the slots it waits for are not done
+        self._hint_pending = [len(deps) for deps in data.hint_after] if data.hint_after else None
+        if self._hint_pending is not None:
+            self._hint_succ: list[list[int]] = [[] for _ in range(data.n)]
+            for i, deps in enumerate(data.hint_after):
+                for j in deps:
+                    self._hint_succ[j].append(i)
         self.ready(list(st.newly_ready))
 
     def ready(self, ops: list[int]) -> None:
@@ -219,14 +260,25 @@ class Observer:
             self.dyn[ops, _D["waiting"]] = 0.0
             self.dyn[ops, _D["ready"]] = 1.0
             self.ready_vec[ops] = True
+            pending = self._hint_pending
+            if pending is not None:
+                self.dyn[[i for i in ops if not pending[i]], _HINT_FREE] = 1.0
 
     def started(self, i: int, d: int, threads: int) -> None:
         self.dyn[i, 1:6] = (0.0, 1.0, 0.0, (d + 1) / MAX_DEVICES, threads / self._slots[d])
+        self.dyn[i, _HINT_FREE] = 0.0
         self.ready_vec[i] = False
 
     def completed(self, ops: list[int]) -> None:
         self.dyn[ops, 2:4] = (0.0, 1.0)
         self.dyn[ops, _D["remaining"]] = 0.0
+        pending = self._hint_pending
+        if pending is not None:
+            for c in ops:
+                for j in self._hint_succ[c]:
+                    pending[j] -= 1
+                    if not pending[j] and self.ready_vec[j]:
+                        self.dyn[j, _HINT_FREE] = 1.0
 
     def _fitting(self) -> np.ndarray:
         """Flat (device, level) mask: the levels whose thread counts fit in the free slots now."""

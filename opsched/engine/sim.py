@@ -22,7 +22,11 @@ What is simulated (and why it is enough for scheduling decisions):
   based: each op carries its remaining *work* (seconds it would still need
   alone) and runs at rate ``1 / slowdown``; the rates of a device are
   recomputed whenever the set of ops computing on it changes, and the finish
-  times follow.  An op alone on its device always runs at rate 1.
+  times follow.  An op alone on its device always runs at rate 1.  On a GPU,
+  kernels on concurrent streams also share the compute units: each op fills
+  a share of the device (``model.occupancy(op, device)``: big GEMMs nearly
+  all of it, small kernels little), and while the shares of the ops
+  computing there add up to more than 1 none runs faster than ``1 / sum``.
 * **Runtime costs.**  The model's runtime model (``model.runtime``, a
   :class:`~opsched.engine.contracts.RuntimeModel` fitted per real backend;
   ``None`` prices the ops alone) says what a real runtime adds when ops run
@@ -181,6 +185,10 @@ class SimStatic:
             self.team_s > 0.0 or self.switch_s > 0.0 or self.spin_s > 0.0) else None
         self.parallel = [bool(opens(op)) if opens is not None else True for op in graph.ops]
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
+        # GPU compute shares (see "Interference"): per op, per device; all 0 on CPU-only machines
+        self.gpus = [d.is_gpu for d in machine.devices]
+        self.occupancy = ([[float(model.occupancy(op, dev)) if dev.is_gpu else 0.0 for dev in machine.devices]
+                           for op in graph.ops] if any(self.gpus) else None)
         self._xfer: dict[tuple[float, int, int], float] = {}
         self._extra_time: dict[tuple[int, int, int], tuple[float, float]] = {}
 
@@ -562,6 +570,11 @@ class SimState:
                 rates = [1.0 / f for f in s.slowdown_timed(d, [demand[i] for i in ops], [alone[i] for i in ops])]
             else:
                 rates = [1.0 / f for f in s.slowdown(d, [demand[i] for i in ops])]
+            if s.occupancy is not None and s.gpus[d]:
+                share = sum(s.occupancy[i][d] for i in ops)
+                if share > 1.0:  # the kernels' blocks no longer fit side by side: they share the GPU
+                    cap = 1.0 / share
+                    rates = [r if r < cap else cap for r in rates]
             if self._spin and self._spin_cores[d]:
                 rates = self._spin_share(d, ops, rates)
             for i, r in zip(ops, rates, strict=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 
@@ -48,3 +50,28 @@ def randomize_bn(module: nn.Module) -> None:
                 m.running_var.uniform_(0.8, 1.2)
                 m.weight.uniform_(0.8, 1.2)
                 m.bias.uniform_(-0.1, 0.1)
+
+
+class PooledClassifier(nn.Module):
+    """stem -> blocks -> global average pool -> linear: the frame of Inception and
+    ResNet (subclasses build ``stem``, ``blocks``, ``pool`` and ``fc``)."""
+
+    stem: nn.Module
+    blocks: nn.Module
+    pool: nn.Module
+    fc: nn.Module
+
+    def forward(self, x: Any) -> Any:
+        import torch
+
+        x = self.pool(self.blocks(self.stem(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+def eval_model(model: nn.Module, batch: int, image_size: int) -> tuple[nn.Module, tuple[Any]]:
+    """``model`` with random BatchNorm statistics, in eval mode, and a random
+    image batch of ``image_size`` pixels square: what a zoo CNN's ``build`` returns."""
+    import torch
+
+    randomize_bn(model)
+    return model.eval(), (torch.randn(batch, 3, image_size, image_size),)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from opsched.zoo._layers import ConvBNReLU, randomize_bn, scaled
+from opsched.zoo._layers import ConvBNReLU, PooledClassifier, eval_model, scaled
 
 IMAGE_SIZE = 96
 NUM_CLASSES = 1000
@@ -109,7 +109,7 @@ class InceptionE(nn.Module):
                           self.bp(self.pool(x))], 1)
 
 
-class InceptionV3(nn.Module):
+class InceptionV3(PooledClassifier):
     def __init__(self, width: float = 1.0, num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
         w = width
@@ -138,12 +138,6 @@ class InceptionV3(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.blocks(self.stem(x)))
-        return self.fc(torch.flatten(x, 1))
-
 
 def build(batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    model = InceptionV3(width)
-    randomize_bn(model)
-    return model.eval(), (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),)
+    return eval_model(InceptionV3(width), batch, IMAGE_SIZE)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from opsched.zoo._layers import SepConv, randomize_bn, scaled
+from opsched.zoo._layers import SepConv, eval_model, scaled
 
 IMAGE_SIZE = 64
 CELLS_PER_STAGE = 2
@@ -129,6 +129,4 @@ class NASNet(nn.Module):
 
 
 def build(batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    model = NASNet(width)
-    randomize_bn(model)
-    return model.eval(), (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),)
+    return eval_model(NASNet(width), batch, IMAGE_SIZE)

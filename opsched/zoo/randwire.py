@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from opsched.synthetic import erdos_renyi_edges, watts_strogatz_edges
-from opsched.zoo._layers import SepConv, randomize_bn, scaled
+from opsched.zoo._layers import SepConv, eval_model, scaled
 
 IMAGE_SIZE = 96
 NODES = 16
@@ -99,6 +99,4 @@ class RandWire(nn.Module):
 
 
 def build(batch: int = 1, width: float = 1.0, seed: int = 0, wiring: str = "mixed") -> tuple[nn.Module, tuple]:
-    model = RandWire(width, seed=seed, wiring=wiring)
-    randomize_bn(model)
-    return model.eval(), (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),)
+    return eval_model(RandWire(width, seed=seed, wiring=wiring), batch, IMAGE_SIZE)

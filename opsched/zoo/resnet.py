@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from opsched.zoo._layers import ConvBNReLU, randomize_bn, scaled
+from opsched.zoo._layers import ConvBNReLU, PooledClassifier, eval_model, scaled
 
 IMAGE_SIZE = 96
 NUM_CLASSES = 1000
@@ -31,7 +31,7 @@ class Bottleneck(nn.Module):
         return self.relu(self.conv3(self.conv2(self.conv1(x))) + identity)
 
 
-class ResNet50(nn.Module):
+class ResNet50(PooledClassifier):
     def __init__(self, width: float = 1.0, num_classes: int = NUM_CLASSES) -> None:
         super().__init__()
         c = scaled(64, width)
@@ -46,12 +46,6 @@ class ResNet50(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(self.blocks(self.stem(x)))
-        return self.fc(torch.flatten(x, 1))
-
 
 def build(batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor]]:
-    model = ResNet50(width)
-    randomize_bn(model)
-    return model.eval(), (torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE),)
+    return eval_model(ResNet50(width), batch, IMAGE_SIZE)

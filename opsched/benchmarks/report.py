@@ -1,27 +1,25 @@
-"""The report of ``bench/run_all.py``: ``report.md`` (headline table first) and the PNG figures.
+"""The report of ``opsched bench``: ``report.md`` (headline table first) and the PNG figures.
 
 Kept apart from the measuring code so each stays readable: everything here
-reads the ``results`` dict that ``run_all.py`` also saves as ``results.json``,
-so a report can be re-rendered from a saved run (``python bench/_report.py
-runs/bench_<N>``) without measuring again.
+reads the ``results`` dict that :mod:`opsched.benchmarks.run_all` also saves as
+``results.json``, so a report can be re-rendered from a saved run
+(``python -m opsched.benchmarks.report runs/bench_<N>``) without measuring again.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _harness as H  # noqa: E402
+import opsched.benchmarks.harness as H
 
 ALTERNATIVES = ("eager-1t", "compile", "ort-seq", "ort-par")  # what users would pick instead of opsched
 LABELS = {"eager": "eager", "eager-1t": "eager 1 thread", "compile": "torch.compile",
-          "ort-seq": "ORT sequential", "ort-par": "ORT parallel"}
+          "ort-seq": "ORT sequential", "ort-par": "ORT parallel", "opsched-ort": "opsched (ORT)"}
 
 
 # ======================================================================= report
@@ -40,8 +38,8 @@ def ratio_cell(g: dict[str, Any], label: str) -> str:
 def headline(real: dict[str, Any]) -> tuple[list[str], str, list[dict[str, Any]]]:
     """The headline table's lines, the gap sentence, and per-row gap figures."""
     col = "opsched:" + real.get("opsched_column", "critical-path-first")
-    head = ["model", "batch", "eager ms", *(LABELS[a] for a in ALTERNATIVES), f"opsched ({col[8:]})",
-            "best alternative", "opsched / best"]
+    head = ["model", "batch", "eager ms", *(LABELS[a] for a in ALTERNATIVES), f"opsched ({col[8:]}, PyTorch)",
+            "opsched (ORT)", "best alternative", "opsched / best"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     gaps = []
     for g in real.get("groups", []):
@@ -50,12 +48,13 @@ def headline(real: dict[str, Any]) -> tuple[list[str], str, list[dict[str, Any]]
         eager_ms = g["time_s"]["eager"]["median"] * 1e3
         alts = {a: g["ratio"][a]["median"] for a in ("eager", *ALTERNATIVES) if a in g.get("ratio", {})}
         best = min(alts, key=alts.get)
-        ours = g.get("ratio", {}).get(_resolve(g, col), {}).get("median")
+        mine = [g.get("ratio", {}).get(k, {}).get("median") for k in (_resolve(g, col), "opsched-ort")]
+        ours = min((x for x in mine if x), default=None)  # the faster of opsched's two runtimes
         gap = ours / alts[best] if ours else None
         if gap is not None:
             gaps.append({"model": g["model"], "batch": g["batch"], "best": best, "gap": gap, "opsched": ours})
         cells = [g["model"], str(g["batch"]), f"{eager_ms:.2f}", *(ratio_cell(g, a) for a in ALTERNATIVES),
-                 ratio_cell(g, _resolve(g, col)), f"{LABELS[best]} ({alts[best]:.2f})",
+                 ratio_cell(g, _resolve(g, col)), ratio_cell(g, "opsched-ort"), f"{LABELS[best]} ({alts[best]:.2f})",
                  f"**{gap:.2f}**" if gap is not None else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     if not gaps:
@@ -63,9 +62,9 @@ def headline(real: dict[str, Any]) -> tuple[list[str], str, list[dict[str, Any]]
     worst = max(gaps, key=lambda x: x["gap"])
     if worst["gap"] > 1:
         sentence = (f"**Largest gap to the best alternative: {worst['model']} at batch {worst['batch']}** -- opsched "
-                    f"({col[8:]}) takes {worst['gap']:.2f}x the time of {LABELS[worst['best']]}.")
+                    f"(the faster of its PyTorch and ORT runs) takes {worst['gap']:.2f}x the time of {LABELS[worst['best']]}.")
     else:
-        sentence = (f"opsched ({col[8:]}) is at least as fast as every alternative on every row; its narrowest "
+        sentence = (f"opsched (the faster of its PyTorch and ORT runs) is at least as fast as every alternative on every row; its narrowest "
                     f"lead is {worst['model']} at batch {worst['batch']} ({worst['gap']:.2f}x the time of "
                     f"{LABELS[worst['best']]}).")
     return lines, sentence, gaps
@@ -84,11 +83,12 @@ def md_real(real: dict[str, Any]) -> list[str]:
          f"{real['rounds']} interleaved rounds of {real['iters']} calls each after {real['warmup']} warm-up calls "
          "(quartiles in brackets); every configuration in its own process. "
          "opsched's rows are plans of its policies run by its PyTorch CPU runtime (`TorchCPUBackend.execute`). "
-         f"Plans were made with the {real.get('performance_model', '?')} performance model.", ""]
+         f"Plans were made with the planning model `opsched apply` uses: {real.get('performance_model', '?')}.", ""]
     for key, why in real.get("skipped_groups", {}).items():
         L.append(f"- {key}: skipped: {why}")
     for g in real.get("groups", []):
         L += [f"### {g['model']} (batch {g['batch']}, {g['ops']} ops, width {g['width']})", "",
+              *([f"> {g['load_warning'][0].upper()}{g['load_warning'][1:]}.", ""] if g.get("load_warning") else []),
               "| configuration | ms per inference | ratio to eager | output vs eager | note |", "|---|---:|---:|---|---|"]
         labels = list(g.get("time_s", {}))
         for lab in labels:
@@ -128,7 +128,7 @@ def md_keras(k: dict[str, Any]) -> list[str]:
     L = ["### 1b. TensorFlow: Keras application models", "",
          "The zoo models have no TensorFlow twin, so TensorFlow is measured on Keras applications "
          "(`weights=None`): its default thread setting, the recommended one and opsched's choice, "
-         "via `bench/keras_settings.py`.", ""]
+         "via `python -m opsched.benchmarks.keras_settings`.", ""]
     if "skipped" in k:
         return L + [f"skipped: {k['skipped']}", ""]
     r = k["result"]
@@ -177,7 +177,7 @@ def md_costs(c: dict[str, Any]) -> list[str]:
     L = ["## 3. Costs of the machinery", ""]
     for key, title in (("runtime_overhead", "Runtime overhead per op"), ("sim_speed", "Simulator speed"),
                        ("env_speed", "Environment speed"),
-                       ("plan_speed", "Planning speed of the exported scheduler (bench/plan_speed.py)")):
+                       ("plan_speed", "Planning speed of the exported scheduler (plan_speed)")):
         v = c.get(key)
         if v is None:
             continue
@@ -195,7 +195,7 @@ def md_costs(c: dict[str, Any]) -> list[str]:
         L.append(f"- **{title}** (`{v.get('command')}`): " + "; ".join(f"{k} = {_fmt_val(x)}" for k, x in flat.items()))
     p = c.get("planning", {})
     L += ["", "**Planning time by graph size** (median of repeats; heuristics: layered graphs on knl-68, wall "
-          "clock in this process; learned: `bench/plan_speed.py`'s median CPU time on one core over families "
+          "clock in this process; learned: `opsched.benchmarks.plan_speed`'s median CPU time on one core over families "
           "and machines):", ""]
     if "skipped" in p:
         L.append(f"skipped: {p['skipped']}")
@@ -240,39 +240,29 @@ def _fmt_val(x: Any) -> str:
     return str(x)
 
 
-def _sim_label(key: str) -> str:
-    return {"simulated_s": "simulated", "simulated_raw_s": "raw"}.get(key, key[len("simulated_"):-2] or key)
+def md_ort(o: dict[str, Any]) -> list[str]:
+    """Section 5: the ``ort`` planning model against plans measured on ONNX Runtime."""
+    from opsched.benchmarks.ort_bench import markdown
+
+    body = markdown({"sim_to_real": o}).split("\n## Sim-to-real on plans the runtime model was not fitted on\n", 1)
+    text = body[1] if len(body) == 2 else ""
+    return ["## 5. Fidelity of the ort backend's planning model", "",
+            f"Planning model: {o.get('planning_model', '?')}. Simulated against measured wall time of plans the "
+            "runtime model was not fitted on (`opsched.benchmarks.ort_bench.sim_to_real`).", "",
+            *text.strip("\n").splitlines(), ""]
 
 
 def md_fidelity(f: dict[str, Any]) -> list[str]:
-    keys = f.get("sim_keys", [])
-    how = (f"median of {f['rounds']} interleaved rounds" if f.get("rounds") else "see the script's own report")
-    L = ["## 4. Fidelity: simulated against measured makespans", "",
-         f"Many plans per zoo model (batch 1) measured on this machine's PyTorch CPU runtime ({how}) and simulated "
-         f"with the {f['performance_model']} performance model. Source: {f.get('source', '?')}. "
-         f"Targets: median absolute error <= {f['targets']['median_ape']:.0%}, Spearman >= {f['targets']['spearman']}.",
-         ""]
-    cols = [c for k in keys for c in (f"error ({_sim_label(k)})", f"Spearman ({_sim_label(k)})")]
-    # whether each model was profiled: known when the fidelity rows came from this script's own runs
-    known = any(v.get("profiled") is not None for v in f["per_model"].values())
-    L += ["| model | plans | " + " | ".join(cols) + (" | profiled |" if known else " |"),
-          "|---|---:|" + "---:|" * len(cols) + ("---|" if known else "")]
-    for m, v in f["per_model"].items():
-        cells = [x for k in keys for x in (f"{v[k]['median_ape']:.1%}", f"{v[k]['spearman']:.2f}")]
-        prof = f" {({True: 'yes', False: 'no'}.get(v.get('profiled'), '?'))} |" if known else ""
-        L.append(f"| {m} | {v['plans']} | " + " | ".join(cells) + " |" + prof)
-    o = f["overall"]
+    from opsched.benchmarks.sim_to_real import COLUMNS, TARGET_MDAPE, TARGET_SPEARMAN, score_table, why_empty
 
-    def pooled(x: dict) -> str:
-        rho = x.get("spearman")
-        return (f"{rho:.2f} pooled, {x['median_spearman']:.2f} median" if rho is not None
-                else f"{x['median_spearman']:.2f} (median)")
-
-    cells = [x for k in keys for x in (f"{o[k]['median_ape']:.1%}", pooled(o[k]))]
-    L += [f"| **all** | {o['plans']} | " + " | ".join(cells) + (" | |" if known else " |"), ""]
-    for key, why in f.get("skipped", {}).items():
-        L.append(f"- {key}: skipped: {why}")
-    L += ["", "![fidelity scatter](fidelity.png)", ""]
+    L = ["## 4. Fidelity: the planning model against measured makespans", "",
+         f"Plans of each zoo model (batch 1) measured on this machine's PyTorch CPU runtime and simulated with "
+         f"the model `opsched apply` plans with ({f['planning_model']}, from `{f['profiles']}`), on fresh plans "
+         f"(ones the runtime model was not fitted on); beside it {' and '.join(list(COLUMNS.values())[1:])}. "
+         f"Targets: median absolute error <= {TARGET_MDAPE:.0%}, Spearman >= {TARGET_SPEARMAN}. "
+         f"Source: `{f['command']}` (its report: `{f['report']}`).", "", *score_table(f), ""]
+    if not why_empty(f):
+        L += ["![fidelity scatter](fidelity.png)", ""]
     return L
 
 
@@ -307,13 +297,13 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
     L += md_real(real) if real.get("groups") is not None else []
     if "keras" in S:
         L += md_keras(S["keras"])
-    for key, fn in (("sim", md_sim), ("costs", md_costs), ("fidelity", md_fidelity)):
+    for key, fn in (("sim", md_sim), ("costs", md_costs), ("fidelity", md_fidelity), ("ort", md_ort)):
         if key not in S:
             continue
         sec = S[key]
         if "skipped" in sec and len(sec) == 1:
             title = {"sim": "## 2. Scale in the simulator", "costs": "## 3. Costs of the machinery",
-                     "fidelity": "## 4. Fidelity"}[key]
+                     "fidelity": "## 4. Fidelity", "ort": "## 5. Fidelity of the ort backend's planning model"}[key]
             L += [title, "", f"skipped: {sec['skipped']}", ""]
         else:
             L += fn(sec)
@@ -326,14 +316,6 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
 
 
 # ======================================================================= figures
-def _save(fig: Any, path: Path) -> None:
-    from opsched.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    atomic_write_bytes(path, buf.getvalue())
-
-
 def plot_real(real: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
@@ -359,8 +341,7 @@ def plot_real(real: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, ncol=2, loc="best")
     ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    H.save_figure(fig, path)
 
 
 def plot_sim(s: dict[str, Any], path: Path) -> None:
@@ -382,8 +363,7 @@ def plot_sim(s: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    H.save_figure(fig, path)
 
 
 def plot_planning(p: dict[str, Any], path: Path) -> None:
@@ -401,38 +381,14 @@ def plot_planning(p: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def plot_fidelity(f: dict[str, Any], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 5.5))
-    lo, hi = math.inf, 0.0
-    key = f["sim_keys"][-1]  # the calibrated column when there is one, else the only one
-    for m in sorted({r["model"] for r in f["rows"]}):
-        rs = [r for r in f["rows"] if r["model"] == m and r.get(key)]
-        xs, ys = [r["measured_s"] * 1e3 for r in rs], [r[key] * 1e3 for r in rs]
-        rho = f["per_model"].get(m, {}).get(key, {}).get("spearman", float("nan"))
-        ax.scatter(xs, ys, s=14, label=f"{m} (ρ={rho:.2f})")
-        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
-    if hi > 0:
-        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="simulated = measured")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured makespan (ms)")
-    ax.set_ylabel(f"simulated makespan (ms, {_sim_label(key)})")
-    ax.set_title("Simulator against this machine")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    H.save_figure(fig, path)
 
 
 def write_figures(out: Path, results: dict[str, Any]) -> dict[str, str]:
     import matplotlib
+
+    from opsched.benchmarks.sim_to_real import plot as plot_fidelity
+    from opsched.benchmarks.sim_to_real import why_empty
 
     matplotlib.use("Agg")
     S, made = results["sections"], {}
@@ -441,7 +397,7 @@ def write_figures(out: Path, results: dict[str, Any]) -> dict[str, str]:
         ("sim", "sim_scale.png", plot_sim, lambda s: bool(s.get("summary"))),
         ("costs", "planning_time.png", lambda s, p: plot_planning(s["planning"], p),
          lambda s: "rows" in s.get("planning", {})),
-        ("fidelity", "fidelity.png", plot_fidelity, lambda s: bool(s.get("rows"))),
+        ("fidelity", "fidelity.png", plot_fidelity, lambda s: "rows" in s and not why_empty(s)),
     ):
         sec = S.get(key)
         if sec and ok(sec):
@@ -460,7 +416,13 @@ def render(out: Path) -> None:
     write_report(out, results)
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        raise SystemExit("usage: python -m opsched.benchmarks.report runs/bench_<N>")
+    render(Path(args[0]))
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python bench/_report.py runs/bench_<N>")
-    render(Path(sys.argv[1]))
+    sys.exit(main())

@@ -1,28 +1,10 @@
-"""One benchmark configuration in its own process (driven by ``bench/_harness.py``).
+"""One benchmark configuration in its own process (driven by :class:`opsched.benchmarks.harness.Worker`).
 
-    python bench/configs/real_worker.py --kind KIND --model NAME --batch B [options]
+Each configuration owns thread pools that spin or pin, so each runs alone in
+a process that prepares it once and then answers timing requests as JSON
+lines (the protocol: :func:`main`; the kinds: :func:`build`).
 
-Kinds (each the way a user would run the model, nothing tuned on the side):
-
-* ``eager``      the module called in ``torch.no_grad()`` with PyTorch's default threads;
-* ``eager-1t``   the same after ``torch.set_num_threads(1)``;
-* ``compile``    ``torch.compile(module)`` (default mode, inductor), compiled at start-up;
-* ``ort-seq``    ONNX Runtime, ``ORT_SEQUENTIAL`` execution mode, default threads and optimisations;
-* ``ort-par``    ONNX Runtime, ``ORT_PARALLEL`` execution mode (independent nodes side by side);
-* ``opsched``    opsched's ``TorchCPUBackend.execute`` under every plan in ``--plans DIR``
-  (``<name>.json`` each; the machine in ``--machine``), one process for all plans since they
-  share the runtime's executor pool;
-* ``plans-trace`` like ``opsched`` but timing ``TorchCPUBackend.run(...).makespan`` (the
-  measured makespan the simulator predicts), for the fidelity section.
-
-Protocol: stdout carries JSON lines only (the real stdout is duplicated for
-it and fd 1 pointed at stderr, so library prints cannot corrupt it).  First
-``{"ready": true, "configs": [...], "init_s": ..., ...}`` or ``{"error": ...}``;
-then for each request ``{"cmd": "time", "name": N, "iters": k}`` the answer
-``{"times": [seconds per call, ...]}``; ``{"cmd": "quit"}`` ends it.  With
-``--check FILE`` the first output tensor (flattened, float32) of every
-configuration is saved to ``FILE`` (``.npz``, one array per configuration) so
-the driver can compare it with eager's.
+    python -m opsched.benchmarks.real_worker --kind KIND --model NAME --batch B [options]
 """
 
 from __future__ import annotations
@@ -37,9 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_PROTO = os.fdopen(os.dup(1), "w", buffering=1)
-os.dup2(2, 1)
-sys.stdout = sys.stderr
+_PROTO: Any = None
+
+
+def _take_stdout() -> None:
+    """Keep a duplicate of stdout for the protocol and point fd 1 at stderr."""
+    global _PROTO
+    _PROTO = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
 
 def say(msg: dict[str, Any]) -> None:
@@ -66,7 +54,21 @@ def first_tensor(out: Any) -> Any:
 
 
 def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
-    """The callables to time, by name, and facts for the report."""
+    """The callables to time, by name, and facts for the report.  Kinds, each the
+    way a user would run the model, nothing tuned on the side:
+
+    * ``eager``: the module called in ``torch.no_grad()`` with PyTorch's default threads;
+    * ``eager-1t``: the same after ``torch.set_num_threads(1)``;
+    * ``compile``: ``torch.compile(module)`` (default mode, inductor), compiled at start-up;
+    * ``ort-seq``: ONNX Runtime, ``ORT_SEQUENTIAL`` execution mode, default threads and optimisations;
+    * ``ort-par``: ONNX Runtime, ``ORT_PARALLEL`` execution mode (independent nodes side by side);
+    * ``opsched-ort``: ``opsched.apply(policy, module, inputs, backend="ort")``, what
+      ``opsched apply`` runs by default: the policy's plan as co-running ONNX
+      Runtime sessions, or ONNX Runtime's one session when the planning model
+      (``--profiles``) predicts no plan faster;
+    * ``opsched``: opsched's ``TorchCPUBackend.execute`` under every plan in ``--plans DIR``
+      (``<name>.json`` each; the machine in ``--machine``), one process for all
+      plans since they share the runtime's executor pool."""
     import torch
 
     from opsched.specs import load_torch_model
@@ -109,7 +111,27 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
         info["ort_version"] = ort.__version__
         return {args.kind: lambda: sess.run(None, feeds)}, info
 
-    if args.kind in ("opsched", "plans-trace"):
+    if args.kind == "opsched-ort":
+        import warnings
+
+        from opsched.planning import planning_model
+        from opsched.scheduled import ScheduleFallbackWarning, apply
+        from opsched.specs import load_machine
+
+        machine = load_machine("local").cpu_only()
+        model = planning_model(machine, "ort", "auto", args.profiles or None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleFallbackWarning)
+            sm = apply(args.policy or None, module, inputs, backend="ort", machine=machine, perf_model=model)
+        info["plan"] = sm.plan.policy if sm.plan is not None else None
+        info["fallback"] = sm.fallback_reason or ("; ".join(str(w.message) for w in caught) or None)
+
+        def scheduled() -> Any:
+            with torch.no_grad():
+                return sm(*inputs)
+        return {"opsched-ort": scheduled}, info
+
+    if args.kind == "opsched":
         from opsched.backends.torch_cpu import TorchCPUBackend
         from opsched.importers.torch_fx import from_torch
         from opsched.machine import Machine
@@ -122,10 +144,7 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
         for path in sorted(Path(args.plans).glob("*.json")):
             plan = Plan.load(path)
             backend.compile(graph, plan)  # validates against this graph and machine
-            if args.kind == "opsched":
-                fns[path.stem] = (lambda p: lambda: backend.execute(graph, p, inputs))(plan)
-            else:
-                fns[path.stem] = (lambda p: lambda: backend.run(graph, p))(plan)
+            fns[path.stem] = (lambda p: lambda: backend.execute(graph, p, inputs))(plan)
         if not fns:
             raise RuntimeError(f"no plans in {args.plans}")
         info["pinned_note"] = getattr(backend, "_pin_note", None)
@@ -134,8 +153,17 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
     raise RuntimeError(f"unknown kind {args.kind!r}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    """Protocol: stdout carries JSON lines only (the real stdout is duplicated for
+    it and fd 1 pointed at stderr, so library prints cannot corrupt it).  First
+    ``{"ready": true, "configs": [...], "init_s": ..., ...}`` or ``{"error": ...}``;
+    then for each request ``{"cmd": "time", "name": N, "iters": k}`` the answer
+    ``{"times": [seconds per call, ...]}``; ``{"cmd": "quit"}`` ends it.  With
+    ``--check FILE`` the first output tensor (flattened, float32) of every
+    configuration is saved to ``FILE`` (``.npz``, one array per configuration)
+    so the driver can compare it with eager's."""
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.real_worker",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--kind", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", type=int, default=1)
@@ -143,12 +171,14 @@ def main() -> None:
     ap.add_argument("--plans", default="")
     ap.add_argument("--machine", default="")
     ap.add_argument("--check", default="")
-    args = ap.parse_args()
+    ap.add_argument("--policy", default="", help="opsched-ort: the policy folder (default: the shipped one)")
+    ap.add_argument("--profiles", default="", help="opsched-ort: the profile cache (default runs/profiles)")
+    args = ap.parse_args(argv)
+    _take_stdout()
     t0 = time.perf_counter()
     try:
         fns, info = build(args)
-        trace_mode = args.kind == "plans-trace"
-        if args.check and not trace_mode:
+        if args.check:
             import numpy as np
 
             outs = {name: first_tensor(fn()) for name, fn in fns.items()}
@@ -170,12 +200,9 @@ def main() -> None:
             fn = fns[req["name"]]
             times = []
             for _ in range(int(req.get("iters", 1))):
-                if trace_mode:
-                    times.append(float(fn().makespan))
-                else:
-                    t = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
             say({"times": times})
         except BaseException as exc:
             traceback.print_exc()

@@ -1,0 +1,90 @@
+"""Honest splits: the graphs and machines a policy trains on, is selected on, and is reported on.
+
+* **train**: what training sees - zoo models at small widths and some
+  batches, synthetic DAG families at seeds 1-3, the model-parallel placement
+  families, on a randomized family of machines (``random:0`` ...
+  ``random:47``, :mod:`opsched.machine_family`: 2 to 128 cores, sockets, SMT,
+  0 to 7 GPUs with their links);
+* **validation**: checkpoint selection only - other zoo models, synthetic
+  seeds 101-107, on other draws of the family (``random:1000`` ...);
+* **test**: reported only, never trained on or selected on - Keras
+  applications imported through the TensorFlow importer, synthetic seeds and
+  sizes not trained on, zoo models at other widths and batches, placement
+  graphs, on the presets (the 68-core KNL, the 2-socket Xeon, three multi-GPU
+  servers) and this machine (``local``, planned with its profiled model).
+
+Every set is a list of spec strings (:mod:`opsched.specs`); :func:`check`
+proves they are disjoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Zoo models and synthetic graphs training sees (spec strings).
+TRAIN_GRAPHS: tuple[str, ...] = (
+    "zoo:resnet50@1x0.5", "zoo:resnet50@8x0.5",
+    "zoo:nasnet@1x0.5", "zoo:nasnet@4x1.0",
+    "zoo:randwire@1x0.5", "zoo:randwire@8x1.0",
+    "zoo:lstm@1x0.5", "zoo:lstm@16x1.0",
+    *[f"{fam}:{n}:{seed}" for fam in ("layered", "erdos_renyi", "watts_strogatz")
+      for n in (20, 40, 60, 80, 100, 120) for seed in (1, 2, 3)],
+    *[f"layered:{n}:4:mean_width={w}" for n in (40, 80, 120) for w in (1.5, 6)],
+    *[f"{fam}:{n}:{seed}" for fam in ("matmul_chains", "ffn", "transformer") for n in (30, 60) for seed in (1, 2)],
+)
+#: Training machines: draws of the randomized family.
+TRAIN_MACHINES: tuple[str, ...] = tuple(f"random:{s}" for s in range(48))
+
+#: Checkpoint selection only.
+VALIDATION_GRAPHS: tuple[str, ...] = (
+    "zoo:inception@1x0.5", "zoo:transformer@4x0.5",
+    "layered:80:101", "erdos_renyi:80:102", "watts_strogatz:80:103",
+    "matmul_chains:40:104", "transformer:60:105",
+)
+VALIDATION_MACHINES: tuple[str, ...] = tuple(f"random:{s}" for s in range(1000, 1006))
+
+#: Reported only.  Keras applications at 128 px (weights=None), imported through TensorFlow.
+TEST_KERAS: tuple[str, ...] = tuple(f"keras:{name}:side=128" for name in (
+    "MobileNetV2", "ResNet50", "DenseNet121", "InceptionV3", "EfficientNetB0", "NASNetMobile"))
+TEST_GRAPHS: tuple[str, ...] = (
+    *TEST_KERAS,
+    "zoo:inception@1x1.0", "zoo:resnet50@8x1.0", "zoo:nasnet@1x1.0", "zoo:randwire@1x1.0", "zoo:lstm@8x1.0",
+    "zoo:transformer@1x1.0",
+    "layered:200:901", "erdos_renyi:150:902", "watts_strogatz:60:903", "layered:30:904",
+    "matmul_chains:60:905", "ffn:50:906", "transformer:90:907",
+)
+#: The CPU presets, the multi-GPU presets, and this machine.
+TEST_CPU_MACHINES: tuple[str, ...] = ("knl-68", "xeon-8180-2s")
+TEST_GPU_MACHINES: tuple[str, ...] = ("dgx1-4v100", "4xa6000", "2x2080ti")
+TEST_MACHINES: tuple[str, ...] = (*TEST_CPU_MACHINES, *TEST_GPU_MACHINES, "local")
+#: The model-parallel placement graphs of the test set (reported on the GPU machines).
+TEST_PLACEMENT_GRAPHS: tuple[str, ...] = ("matmul_chains:60:905", "ffn:50:906", "transformer:90:907")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's graphs and machines (spec strings)."""
+
+    name: str
+    graphs: tuple[str, ...]
+    machines: tuple[str, ...]
+
+
+TRAIN = Split("train", TRAIN_GRAPHS, TRAIN_MACHINES)
+VALIDATION = Split("validation", VALIDATION_GRAPHS, VALIDATION_MACHINES)
+TEST = Split("test", TEST_GRAPHS, TEST_MACHINES)
+
+
+def check(train: Split = TRAIN, validation: Split = VALIDATION, test: Split = TEST) -> None:
+    """Raise ValueError if any graph or machine is in two splits (a graph spec at
+    another size is another graph: ``zoo:inception@1x0.5`` vs ``@1x1.0``)."""
+    for a, b in ((train, validation), (train, test), (validation, test)):
+        for what in ("graphs", "machines"):
+            both = set(getattr(a, what)) & set(getattr(b, what))
+            if both:
+                raise ValueError(f"{what} {sorted(both)} are in both the {a.name} and the {b.name} split")
+
+
+__all__ = ["TEST", "TEST_CPU_MACHINES", "TEST_GPU_MACHINES", "TEST_GRAPHS", "TEST_KERAS", "TEST_MACHINES",
+           "TEST_PLACEMENT_GRAPHS", "TRAIN", "TRAIN_GRAPHS", "TRAIN_MACHINES", "VALIDATION", "VALIDATION_GRAPHS",
+           "VALIDATION_MACHINES", "Split", "check"]
