@@ -81,12 +81,15 @@ def plan_timer(backend: Any, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) 
 
 def choose_measured(backend: Any, graph: OpGraph, candidates: Mapping[str, tuple[Plan, float]],
                     inputs: Sequence[Any], top: int = DEFAULT_TOP, warmup: int = WARMUP,
-                    repeats: int = REPEATS) -> Plan:
-    """The fastest of the ``top`` model-ranked candidates, timed on ``backend``
-    (interleaved rounds, medians).  A candidate whose run fails is dropped; when
-    all fail the error propagates.  With fewer than two distinct candidates
-    nothing is timed and the model's choice is returned."""
-    short = shortlist(candidates, max(1, top))
+                    repeats: int = REPEATS, always: Sequence[str] = (BASELINE,),
+                    wrap: Callable[[Callable[[], float]], Callable[[], float]] | None = None) -> Plan:
+    """The fastest of the ``top`` model-ranked candidates (and those named in
+    ``always``), timed on ``backend`` (interleaved rounds, medians; ``wrap``
+    wraps each timer, e.g. a pause that lets another runtime's spinning threads
+    stop).  A candidate whose run fails is dropped; when all fail the error
+    propagates.  With fewer than two distinct candidates nothing is timed and
+    the model's choice is returned."""
+    short = shortlist(candidates, max(1, top), always)
     model_choice = next(iter(short))
     if len(short) < 2:
         return short[model_choice]
@@ -100,7 +103,7 @@ def choose_measured(backend: Any, graph: OpGraph, candidates: Mapping[str, tuple
         except OpschedError as exc:
             error = error or exc
             continue
-        timers[name] = timer
+        timers[name] = timer if wrap is None else wrap(timer)
     if not timers:
         assert error is not None
         raise error

@@ -368,7 +368,8 @@ def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = 
     fastest kept (:mod:`opsched.measured`; ``plan.meta["measured"]``); 0 or 1
     trusts the model alone.  On ``ort`` the choice is ONNX Runtime's one
     session unless the model predicts a plan clearly faster
-    (:mod:`opsched.backends.ort_apply`).
+    (:mod:`opsched.backends.ort_apply`) and, with ``measure`` >= 2, that plan
+    also runs faster than the one session when both are timed here.
 
     Never raises for a model it cannot schedule: the result then runs eagerly
     and a :class:`ScheduleFallbackWarning` says why (errors in the arguments
@@ -388,7 +389,7 @@ def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = 
         from opsched.backends.ort_apply import apply_ort
 
         out = apply_ort(policy, model, example_inputs, machine, perf_model, plan, verify, runtime, batch,
-                        auto=backend == "auto")
+                        auto=backend == "auto", measure=measure)
         if out is not None:
             return out
         name = "torch-cpu"  # auto: the export did not work; the PyTorch runtime schedules the module

@@ -95,12 +95,30 @@ def test_import_without_gymnasium_does_not_fail():
 
 
 # ------------------------------------------------------------ API checkers
+@pytest.mark.parametrize("checker", ["gymnasium", "sb3"])
+@pytest.mark.parametrize("env_id", sorted(k for k in gym.registry if k.startswith("opsched/")))
+def test_every_registered_id_passes_both_checkers_as_made_bare(env_id, checker):
+    """``gym.make(id)`` with no arguments works for every registered id, and
+    Gymnasium's and SB3's checkers pass without a single warning."""
+    if checker == "gymnasium":
+        from gymnasium.utils.env_checker import check_env
+    else:
+        from stable_baselines3.common.env_checker import check_env
+    env = gym.make(env_id)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_env(env.unwrapped)
+    finally:
+        env.close()
+
+
 def test_gymnasium_check_env(graph):
     from gymnasium.utils.env_checker import check_env
 
     env = gym.make(ENV_ID, graphs=[graph], machine="dgx1-4v100", max_nodes=32)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("error")  # a checker warning fails the test
         check_env(env.unwrapped)
     env.close()
 
@@ -110,7 +128,7 @@ def test_sb3_check_env(graph):
 
     env = ScheduleEnv(graphs=[graph, random_graph(10, 1)], machine=["knl-68", "2x2080ti"], max_nodes=32)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("error")  # a checker warning fails the test
         check_env(env)
 
 
@@ -420,7 +438,7 @@ def test_real_torch_mode_check_env_and_episode():
     env = gym.make(REAL_ENV_ID, graphs=[g], real_warmup=1, real_repeats=2)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("error")  # a checker warning fails the test
             check_env(env.unwrapped)
         rewards, info, _ = play(env.unwrapped, np.random.default_rng(0), seed=0)
         assert info["measured_makespan"] > 0
@@ -437,7 +455,7 @@ def test_real_torch_mode_sb3_check_env():
     env = ScheduleEnv(graphs=[g], backend="torch-cpu", real_warmup=0, real_repeats=1)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("error")  # a checker warning fails the test
             check_env(env)
     finally:
         env.close()

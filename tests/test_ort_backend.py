@@ -415,3 +415,36 @@ def test_a_weight_read_by_several_segments_is_shared_and_outputs_still_match():
         assert "w" in g.source.__dict__.get("_shared_weights", {}), "one copy of w for both sessions"
         x = rng.standard_normal((8, 64)).astype(np.float32)
         assert np.allclose(be.execute(g, plan, (x,))[0], _reference(g, (x,))[0], rtol=1e-4, atol=1e-5)
+
+
+class _TimedBackend:
+    """A backend whose ``time_plan`` reports fixed seconds per plan policy (the
+    measured choice reads it instead of the wall clock)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds = seconds
+        self.calls: list[str] = []
+
+    def time_plan(self, graph, plan, repeats, warmup, inputs):
+        self.calls.append(plan.policy)
+        return [self.seconds.get(plan.policy, 1.0)] * repeats
+
+
+@pytest.mark.parametrize("faster", ["ort-single", "lanes"])
+def test_measured_choice_keeps_the_faster_of_the_plan_and_one_session(faster: str) -> None:
+    from opsched.backends.ort_apply import measured_choice
+    from opsched.backends.perfmodel import AnalyticModel
+
+    m = _machine(2)
+    graph = from_onnx(_fan(2, 3), name="fan")
+    lanes = uniform_plan(graph, m, 1, policy="lanes")
+    be = _TimedBackend({"ort-single": 0.002 if faster == "ort-single" else 0.004,
+                        "lanes": 0.003})
+    out = measured_choice(be, graph, lanes, m, AnalyticModel(), graph.source.example_inputs, measure=3)
+    assert out.policy == faster
+    assert set(out.meta["measured"]) == {"model", "ort-single"}
+    assert set(be.calls) == {"lanes", "ort-single"}
+    # no timing when told not to measure, or when the choice already is the one session
+    assert measured_choice(be, graph, lanes, m, AnalyticModel(), (), measure=1) is lanes
+    single = single_session_plan(graph, m)
+    assert measured_choice(be, graph, single, m, AnalyticModel(), (), measure=3) is single

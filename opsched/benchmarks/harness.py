@@ -334,7 +334,7 @@ def start_all(workers: Sequence[Worker], timeout: float) -> dict[str, str]:
 
 
 def time_workers(configs: Sequence[tuple[str, Worker, str]], rounds: int, iters: int, warmup: int,
-                 timeout: float, settle_s: float = 0.02, on_step: Callable[[str], None] | None = None,
+                 timeout: float, settle_s: float = 0.2, on_step: Callable[[str], None] | None = None,
                  target_s: float = 0.0) -> tuple[Timings, dict[str, str]]:
     """Warm up, then time every ``(label, worker, config)`` with
     :func:`opsched.timing.interleave` (one sample per round: the median of that
@@ -342,7 +342,11 @@ def time_workers(configs: Sequence[tuple[str, Worker, str]], rounds: int, iters:
 
     A configuration that fails is dropped with its reason in the second value.
     ``settle_s`` passes before each request, so a pool that spins after its
-    work (OpenMP, ONNX Runtime) has gone quiet before the next one is timed.
+    work (OpenMP, ONNX Runtime) has gone quiet before the next one is timed:
+    ONNX Runtime's intra-op pools spin about 45 ms after a run, and with the
+    former 20 ms the configuration timed after ONNX Runtime's parallel mode
+    (opsched on ``ort``) lost its cores to that spinning - 1.3-2.3x slower
+    than the same session measured after a 200 ms pause.
     With ``target_s`` > 0 a configuration gets only as many calls per round (at
     least 1, at most ``iters``) as fit in ``target_s`` by its warm-up speed, so
     slow configurations do not dominate the run's length."""

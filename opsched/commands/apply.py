@@ -79,7 +79,8 @@ def apply_cmd(
     plan: Path = typer.Option(None, "--plan", help="Run this saved Plan instead of planning (no policy needed)."),
     measure: int = typer.Option(DEFAULT_TOP, "--measure", min=0, help="How many of the learned policy's best "
                                 "candidate plans (by the planning model) are timed on this machine before one is "
-                                "kept; 0 trusts the model alone."),
+                                "kept; 0 trusts the model alone. On --backend ort: the plan is timed against "
+                                "ONNX Runtime's one session and the faster kept."),
     perf_model: str = typer.Option("auto", "--perf-model", help="Planning model: auto (this machine's profiles "
                                    "plus the runtime model `opsched profile` fitted, if cached; else analytic), "
                                    "analytic, or fitted."),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from opsched.benchmarks.run_all import SECTIONS
 from opsched.cli import app
 
 
@@ -19,7 +20,7 @@ from opsched.cli import app
 def bench_cmd(
     quick: bool = typer.Option(False, "--quick", help="Smoke run (<= 5 min): fewer models, batch 1, few repeats."),
     out: str = typer.Option("runs", "--out", help="Folder that receives bench_<N>/."),
-    sections: str = typer.Option("", "--sections", help="Subset of real,keras,sim,costs,fidelity (default all)."),
+    sections: str = typer.Option("", "--sections", help=f"Comma-separated subset of {','.join(SECTIONS)} (default all)."),
     models: str = typer.Option("", "--models", help="Zoo models for the real and fidelity sections."),
     batches: str = typer.Option("", "--batches", help="Batch sizes for the real section (default 1,8)."),
     rounds: int = typer.Option(0, "--rounds", help="Interleaved timing rounds (default 7; quick 3)."),
@@ -28,7 +29,7 @@ def bench_cmd(
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out."),
     profile: bool = typer.Option(False, "--profile", help="Profile zoo models that have no cached profile first."),
     profiles: str = typer.Option("", "--profiles", help="Profile cache opsched plans with (default runs/profiles)."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """Benchmark opsched against eager PyTorch, torch.compile, ONNX Runtime, TensorFlow and the lower bound."""
     argv: list[str] = ["--out", out]
@@ -40,7 +41,7 @@ def bench_cmd(
         if value:
             argv += [flag, str(value)]
     for flag, on in (("--quick", quick), ("--no-compile", no_compile), ("--profile", profile),
-                     ("--no-progress", no_progress)):
+                     ("--no-progress", not progress)):
         if on:
             argv.append(flag)
     typed = sys.argv[1:] if Path(sys.argv[0]).name == "opsched" and sys.argv[1:2] == ["bench"] else ["bench", *argv]
