@@ -48,6 +48,7 @@ EXPORT_RTOL, EXPORT_ATOL = 1e-3, 1e-4
 CHOICE_MARGIN = 0.25
 
 _CHOICES: OrderedDict[tuple, tuple[Plan, Plan]] = OrderedDict()
+_MEASURED: OrderedDict[tuple, tuple[Plan, Plan]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -204,18 +205,30 @@ def measured_choice(be: Any, graph: OpGraph, chosen: Plan, machine: Machine, mod
     so when the model picked a lowered plan, it and the single-session plan are
     both timed on the example inputs (:func:`opsched.measured.choose_measured`,
     each call after :func:`after_gap`) and the faster median is kept: a plan
-    then runs no slower than ONNX Runtime alone, up to timing noise."""
+    then runs no slower than ONNX Runtime alone, up to timing noise.  The
+    choice is kept per plan (like the plans themselves), so scheduling the same
+    model again neither re-times nor changes it."""
     from opsched.backends.ort_lower import single_session_plan
     from opsched.backends.sim import SimBackend
     from opsched.measured import choose_measured
 
     if measure < 2 or chosen.policy == "ort-single":
         return chosen
+    key = (graph.fingerprint(), id(chosen), machine.fingerprint(), measure)
+    with _LOCK:
+        hit = _MEASURED.get(key)
+        if hit is not None and hit[0] is chosen:
+            return hit[1]
     sim = SimBackend(machine, model=model)
     single = single_session_plan(graph, machine)
     candidates = {"model": (chosen, sim.run(graph, chosen).makespan),
                   "ort-single": (single, sim.run(graph, single).makespan)}
-    return choose_measured(be, graph, candidates, inputs, top=2, always=("model", "ort-single"), wrap=after_gap)
+    out = choose_measured(be, graph, candidates, inputs, top=2, always=("model", "ort-single"), wrap=after_gap)
+    with _LOCK:
+        _MEASURED[key] = (chosen, out)
+        while len(_MEASURED) > 64:
+            _MEASURED.popitem(last=False)
+    return out
 
 
 def apply_ort(policy: Any, model: Any, example_inputs: Any, machine: Machine, perf_model: PerfModel | str,
