@@ -12,6 +12,8 @@
   (:func:`opsched.backends.ort_lower.choose_plan`) or, for the learned
   policy, opsched's lane plan (``backends/ort_plans.py``) is faster than both
   (cached, so the same policy plan gives the same Plan object);
+* :func:`measured_choice` - the planned plan or ONNX Runtime's one session,
+  whichever runs faster when both are timed here (``measure`` >= 2);
 * :func:`after_gap` - a timed configuration that first lets spinning intra-op
   threads of the configuration timed before it stop;
 * :func:`flatten_outputs` / :func:`unflatten_outputs` - a torch module's output
