@@ -47,7 +47,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
-from opsched.timing import ContentionMeter
+from opsched.timing import ContentionMeter, wait_quiet
 
 #: Grids of the coordinate search (seconds unless said).  ``spin_s`` is not
 #: fitted: pools spin only in single-session plans (``OrtBackend(spinning="auto")``),
@@ -117,7 +117,8 @@ def measure_plans(graph: OpGraph, plans: Mapping[str, Plan], machine: Machine, m
                 for _ in range(max_tries - 1):
                     if time.perf_counter() - t_start > budget_s:
                         break
-                    _wait_quiet(settle_s, min(quiet_wait_s, max(0.0, budget_s - (time.perf_counter() - t_start))))
+                    wait_quiet(min(quiet_wait_s, max(0.0, budget_s - (time.perf_counter() - t_start))),
+                               QUIET_CORES, window_s=settle_s)
                     got = sample(p)
                     best = got if got[2] < best[2] else best
                     if best[2] <= QUIET_CORES:
@@ -135,17 +136,6 @@ def measure_plans(graph: OpGraph, plans: Mapping[str, Plan], machine: Machine, m
             for key in ("walls", "busy", "others"):
                 out[key][p] = [out[key][p][k] for k in quiet]
     return out
-
-
-def _wait_quiet(settle_s: float, max_wait_s: float) -> None:
-    """Sleep ``settle_s``, then until other processes use at most :data:`QUIET_CORES`
-    (checked every ``settle_s``), at most ``max_wait_s`` in all."""
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        with ContentionMeter() as meter:
-            time.sleep(settle_s)
-        if meter.others_cores <= QUIET_CORES or time.monotonic() >= deadline:
-            return
 
 
 def _keep(out: dict[str, Any], p: str, got: tuple[float, float, float]) -> None:

@@ -48,7 +48,7 @@ from opsched.backends.profiler import (
 )
 from opsched.graph import OpGraph
 from opsched.machine import Machine
-from opsched.timing import ContentionMeter
+from opsched.timing import ContentionMeter, wait_quiet
 
 #: Sub-folder of a profile cache that holds ONNX Runtime's profiles.
 ORT_SUBDIR = "ort"
@@ -177,18 +177,6 @@ def measure_interference(graph: OpGraph, records: dict[str, OpProfile], level: i
 
 
 # ------------------------------------------------------------------ profile
-def _wait_quiet(limit: float, max_wait_s: float, window_s: float = 1.0) -> None:
-    """Until other processes use at most ``limit`` cores (at most ``max_wait_s``)."""
-    import time
-
-    deadline = time.monotonic() + max_wait_s
-    while True:
-        with ContentionMeter() as meter:
-            time.sleep(window_s)
-        if meter.others_cores <= limit or time.monotonic() >= deadline:
-            return
-
-
 def profile_ort(graph: OpGraph, machine: Machine | None = None, threads: Sequence[int] | None = None, *,
                 runs: int = 20, warmup: int = 3, rounds: int = 3, refresh: bool = False,
                 cache_dir: str | Path | None = None, interference: bool = True, max_attempts: int = 3,
@@ -223,7 +211,7 @@ def profile_ort(graph: OpGraph, machine: Machine | None = None, threads: Sequenc
             best: tuple[float, Any] | None = None
             for attempt in range(max(1, max_attempts)):  # a round measured under load: again, once it is quiet
                 if attempt:
-                    _wait_quiet(contention_limit, quiet_wait_s)
+                    wait_quiet(quiet_wait_s, contention_limit)
                 with ContentionMeter() as meter:
                     got = kernel_times(src, k, per_round, warmup)
                 if best is None or meter.others_cores < best[0]:

@@ -78,6 +78,26 @@ class ContentionMeter:
         self.others_cores = max(0.0, others / self._HZ / wall)
 
 
+def wait_quiet(max_wait_s: float, limit: float = LOADED_CORES, window_s: float = 1.0, windows: int = 1,
+               on_wait: Callable[[float], None] | None = None) -> float:
+    """Wait until other processes use at most ``limit`` cores over ``windows``
+    measurement windows of ``window_s`` in a row, or ``max_wait_s`` has passed;
+    returns the cores they used in the last window.  ``on_wait(others)`` is
+    called after each window that does not end the wait (progress messages).
+
+    For re-taking a sample measured under load: measuring again at once would
+    most likely meet the same burst."""
+    deadline, quiet = time.monotonic() + max_wait_s, 0
+    while True:
+        with ContentionMeter() as meter:
+            time.sleep(window_s)
+        quiet = quiet + 1 if meter.others_cores <= limit else 0
+        if quiet >= windows or time.monotonic() >= deadline:
+            return meter.others_cores
+        if on_wait is not None:
+            on_wait(meter.others_cores)
+
+
 def loadavg() -> tuple[float, float, float] | None:
     try:
         return os.getloadavg()
@@ -261,4 +281,4 @@ def wall_clock(fn: Callable[[], Any]) -> Callable[[], float]:
 
 
 __all__ = ["LOADED_CORES", "Clocked", "ContentionMeter", "Timings", "clocked", "cpu_model", "geomean",
-           "host_record", "interleave", "loadavg", "summary", "usable_cpus", "wall_clock"]
+           "host_record", "interleave", "loadavg", "summary", "usable_cpus", "wait_quiet", "wall_clock"]

@@ -52,17 +52,10 @@ def wait_quiet(max_wait_s: float, limit: float = 0.3, window_s: float = 3.0,
                progress: Callable[[str], None] | None = None) -> float:
     """Wait (at most ``max_wait_s``) until other processes use at most ``limit``
     cores over two windows in a row; returns their cores in the last window."""
-    from opsched.timing import ContentionMeter
+    from opsched.timing import wait_quiet as wait
 
-    deadline, quiet, others = time.monotonic() + max_wait_s, 0, 0.0
-    while True:
-        with ContentionMeter() as meter:
-            time.sleep(window_s)
-        others = meter.others_cores
-        quiet = quiet + 1 if others <= limit else 0
-        if quiet >= 2 or time.monotonic() > deadline:
-            return others
-        _say(progress, f"waiting for a quiet machine: other processes use {others:.2f} cores")
+    return wait(max_wait_s, limit, window_s, windows=2, on_wait=lambda others: _say(
+        progress, f"waiting for a quiet machine: other processes use {others:.2f} cores"))
 
 
 # ------------------------------------------------------------------ ratios
