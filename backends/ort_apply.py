@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import numpy as np
 
 from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 
@@ -49,8 +49,8 @@ EXPORT_RTOL, EXPORT_ATOL = 1e-3, 1e-4
 #: them is of this order (``bench/ort_bench.py``'s sim-to-real section).
 CHOICE_MARGIN = 0.25
 
-_CHOICES: OrderedDict[tuple, tuple[Plan, Plan]] = OrderedDict()
-_MEASURED: OrderedDict[tuple, tuple[Plan, Plan]] = OrderedDict()
+#: Per plan: the plan :func:`plan_for_ort` chose, and the one :func:`measured_choice` kept.
+_CHOICES, _MEASURED = IdentityLRU(64), IdentityLRU(64)
 _LOCK = threading.Lock()
 
 
@@ -75,17 +75,14 @@ def _graph_key(model: Any, inputs: Sequence[Any], batch: int) -> tuple | None:
     return None
 
 
-_GRAPHS: OrderedDict[tuple, tuple[Any, OpGraph]] = OrderedDict()
+_GRAPHS = IdentityLRU(8)
 
 
 def remember(model: Any, inputs: Sequence[Any], graph: OpGraph, batch: int = 1) -> None:
     """Let :func:`import_for_ort` reuse ``graph`` for ``model`` on inputs of these shapes."""
     key = _graph_key(model, inputs, batch)
     if key is not None:
-        with _LOCK:
-            _GRAPHS[key] = (model, graph)
-            while len(_GRAPHS) > 8:
-                _GRAPHS.popitem(last=False)
+        _GRAPHS.put(key, graph, model)
 
 
 def import_for_ort(model: Any, inputs: Sequence[Any], name: str, batch: int = 1) -> OpGraph:
@@ -95,11 +92,9 @@ def import_for_ort(model: Any, inputs: Sequence[Any], name: str, batch: int = 1)
     from opsched.importers.onnx_graph import from_onnx, from_torch_via_onnx
 
     key = _graph_key(model, inputs, batch)
-    with _LOCK:
-        hit = _GRAPHS.get(key) if key is not None else None
-        if hit is not None and hit[0] is model:
-            _GRAPHS.move_to_end(key)
-            return hit[1]
+    hit = _GRAPHS.get(key, model) if key is not None else None
+    if hit is not None:
+        return hit
     if is_onnx_model(model):
         graph = from_onnx(model, inputs or None, name=name, batch=batch)
     else:
@@ -142,10 +137,9 @@ def plan_for_ort(graph: OpGraph, plan: Plan, machine: Machine, model: PerfModel,
     from opsched.backends.ort_lower import choose_plan
 
     key = (graph.fingerprint(), id(plan), machine.fingerprint(), getattr(model, "name", ""), lanes)
-    with _LOCK:
-        hit = _CHOICES.get(key)
-        if hit is not None and hit[0] is plan:
-            return hit[1]
+    hit = _CHOICES.get(key, plan)
+    if hit is not None:
+        return hit
     out = choose_plan(graph, plan, machine, model, margin=CHOICE_MARGIN)
     if lanes:
         from opsched.backends.ort_plans import LanePlanner
@@ -158,10 +152,7 @@ def plan_for_ort(graph: OpGraph, plan: Plan, machine: Machine, model: PerfModel,
             out = Plan(lane.assignments, lane.graph_fingerprint, lane.machine_fingerprint, lane.policy,
                        {**dict(lane.meta), "instead_of": plan.policy or "plan", "predicted_s": t_lane,
                         "predicted_instead_s": t_out})
-    with _LOCK:
-        _CHOICES[key] = (plan, out)
-        while len(_CHOICES) > 64:
-            _CHOICES.popitem(last=False)
+    _CHOICES.put(key, out, plan)
     return out
 
 
@@ -217,19 +208,15 @@ def measured_choice(be: Any, graph: OpGraph, chosen: Plan, machine: Machine, mod
     if measure < 2 or chosen.policy == "ort-single":
         return chosen
     key = (graph.fingerprint(), id(chosen), machine.fingerprint(), measure)
-    with _LOCK:
-        hit = _MEASURED.get(key)
-        if hit is not None and hit[0] is chosen:
-            return hit[1]
+    hit = _MEASURED.get(key, chosen)
+    if hit is not None:
+        return hit
     sim = SimBackend(machine, model=model)
     single = single_session_plan(graph, machine)
     candidates = {"model": (chosen, sim.run(graph, chosen).makespan),
                   "ort-single": (single, sim.run(graph, single).makespan)}
     out = choose_measured(be, graph, candidates, inputs, top=2, always=("model", "ort-single"), wrap=after_gap)
-    with _LOCK:
-        _MEASURED[key] = (chosen, out)
-        while len(_MEASURED) > 64:
-            _MEASURED.popitem(last=False)
+    _MEASURED.put(key, out, chosen)
     return out
 
 

@@ -62,7 +62,6 @@ import queue
 import re
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -75,6 +74,7 @@ from opsched.backends.ort_lower import Lowering, describe, lower
 from opsched.engine.contracts import PerfModel
 from opsched.errors import ExecutionError, ModelImportError, PlanError
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace, TraceEvent
@@ -319,11 +319,8 @@ class OrtBackend(BackendBase):
         super().__init__(machine)
         self._model = model
         self.spinning = spinning
-        self._programs: OrderedDict[tuple[int, int], tuple[OpGraph, Plan, Program]] = OrderedDict()
-        self._sessions: OrderedDict[tuple, Any] = OrderedDict()
-        self._cache_size = max(1, cache_size)
-        self._session_cache = max(1, session_cache)
-        self._lock = threading.Lock()
+        self._programs = IdentityLRU(cache_size)
+        self._sessions = IdentityLRU(session_cache)
         #: One run at a time: lanes of two runs queued on the same workers could wait for each other.
         self._run_lock = threading.Lock()
         self.pin = pin
@@ -349,16 +346,11 @@ class OrtBackend(BackendBase):
     def compile(self, graph: OpGraph, plan: Plan) -> Program:
         """Validate ``plan`` for ``graph``, lower it and build its sessions (cached)."""
         key = (id(graph), id(plan))
-        with self._lock:
-            hit = self._programs.get(key)
-            if hit is not None and hit[0] is graph and hit[1] is plan:
-                self._programs.move_to_end(key)
-                return hit[2]
+        hit = self._programs.get(key, graph, plan)
+        if hit is not None:
+            return hit
         prog = self._compile(graph, plan)
-        with self._lock:
-            self._programs[key] = (graph, plan, prog)
-            while len(self._programs) > self._cache_size:
-                self._programs.popitem(last=False)
+        self._programs.put(key, prog, graph, plan)
         return prog
 
     def _compile(self, graph: OpGraph, plan: Plan) -> Program:
@@ -400,11 +392,9 @@ class OrtBackend(BackendBase):
         from opsched.importers.onnx_graph import session_options
 
         key = (id(src), tuple(ids), s.threads, s.inputs, s.outputs, spin, shared)
-        with self._lock:
-            hit = self._sessions.get(key)
-            if hit is not None and hit[0] is src:
-                self._sessions.move_to_end(key)
-                return hit[1]
+        hit = self._sessions.get(key, src)
+        if hit is not None:
+            return hit
         # the whole graph on every core of this process: ONNX Runtime's default pool, as its own sequential run;
         # in ONNX Runtime's own node order, its own session of the model (exactly its sequential execution)
         whole = len(ids) == len(src.nodes) and s.threads == self.machine.cpu.cores == _usable_cpus()
@@ -421,10 +411,7 @@ class OrtBackend(BackendBase):
             raise ExecutionError(f"ONNX Runtime cannot build the session of nodes {ids[:3]}"
                                  f"{' ...' if len(ids) > 3 else ''}: {type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:300]}") from exc
-        with self._lock:
-            self._sessions[key] = (src, sess)
-            while len(self._sessions) > self._session_cache:
-                self._sessions.popitem(last=False)
+        self._sessions.put(key, sess, src)
         return sess
 
     # ------------------------------------------------------------------ run
@@ -513,9 +500,8 @@ class OrtBackend(BackendBase):
     def close(self) -> None:
         """Stop and join the lane threads, drop the sessions (idempotent)."""
         self._finalizer()
-        with self._lock:
-            self._programs.clear()
-            self._sessions.clear()
+        self._programs.clear()
+        self._sessions.clear()
 
 
 def _usable_cpus() -> int:

@@ -79,7 +79,6 @@ workers are stopped by a finalizer (at garbage collection or interpreter exit).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
@@ -91,6 +90,7 @@ from opsched.backends.executor import CompiledPlan, OpFailure, WorkerPool, cpu_c
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
 from opsched.importers.torch_fx import output_slots
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace, TraceEvent
@@ -145,9 +145,7 @@ class TorchCPUBackend(BackendBase):
         super().__init__(machine)
         self.slots = machine.cpu.cores
         self.free_values = free_values
-        self._cache: OrderedDict[tuple[int, int], tuple[OpGraph, Plan, CompiledPlan]] = OrderedDict()
-        self._cache_size = max(1, cache_size)
-        self._cache_lock = threading.Lock()
+        self._cache = IdentityLRU(cache_size)
         core_map, note = cpu_core_map(self.slots) if pin else (None, "pinning disabled (pin=False)")
         self._pin_note = note
         self._pool = WorkerPool(self.slots, core_map, name="opsched-torch-cpu",
@@ -159,18 +157,13 @@ class TorchCPUBackend(BackendBase):
         """Validate ``plan`` for ``graph`` on this machine and compile it (cached
         by the identity of both; plans and graphs are immutable)."""
         key = (id(graph), id(plan))
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] is graph and hit[1] is plan:
-                self._cache.move_to_end(key)
-                return hit[2]
+        hit = self._cache.get(key, graph, plan)
+        if hit is not None:
+            return hit
         cp = self._compile(graph, plan)
         if cp.serial_order is None:  # start the workers this plan may use now, not mid-run
             self._pool.ensure_workers(min(self.slots, self.slots // max(1, min(cp.threads, default=1))))
-        with self._cache_lock:
-            self._cache[key] = (graph, plan, cp)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        self._cache.put(key, cp, graph, plan)
         return cp
 
     def _compile(self, graph: OpGraph, plan: Plan) -> CompiledPlan:
@@ -279,8 +272,7 @@ class TorchCPUBackend(BackendBase):
     def close(self) -> None:
         """Stop and join the executor threads (idempotent)."""
         self._pool.close()
-        with self._cache_lock:
-            self._cache.clear()
+        self._cache.clear()
 
 
 def _event_fast(op: str, start: float, end: float, device: str, threads: int, cores: tuple[int, ...] | None,

@@ -13,15 +13,14 @@ machine).  Plans are cached per (policy, graph, machine, model)
 
 from __future__ import annotations
 
-import threading
 import warnings
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from opsched.engine.contracts import PerfModel
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 
@@ -132,9 +131,7 @@ def policy_key(policy: Any) -> str:
     return f"{policy.name}:{digest}" if digest else policy.name
 
 
-_PLANS: OrderedDict[tuple, Any] = OrderedDict()
-_PLANS_MAX = 64
-_LOCK = threading.Lock()
+_PLANS = IdentityLRU(64)
 
 
 def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
@@ -145,7 +142,7 @@ def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel 
         from opsched.policies.exported import pick
 
         return pick(found)
-    return _cached(("plan", *_key(policy, graph, machine, model)), lambda: policy.plan(graph, machine, model))
+    return _PLANS.get_or_make(("plan", *_key(policy, graph, machine, model)), lambda: policy.plan(graph, machine, model))
 
 
 def candidates_cached(policy: Any, graph: OpGraph, machine: Machine,
@@ -155,26 +152,12 @@ def candidates_cached(policy: Any, graph: OpGraph, machine: Machine,
     :func:`plan_cached`; None for a policy that plans one way only (a heuristic)."""
     if not hasattr(policy, "plan_candidates"):
         return None
-    return _cached(("candidates", *_key(policy, graph, machine, model)),
-                   lambda: policy.plan_candidates(graph, machine, model))
+    return _PLANS.get_or_make(("candidates", *_key(policy, graph, machine, model)),
+                              lambda: policy.plan_candidates(graph, machine, model))
 
 
 def _key(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None) -> tuple:
     return (policy_key(policy), graph.fingerprint(), machine.fingerprint(), getattr(model, "name", None))
-
-
-def _cached(key: tuple, make: Any) -> Any:
-    with _LOCK:
-        hit = _PLANS.get(key)
-        if hit is not None:
-            _PLANS.move_to_end(key)
-            return hit
-    value = make()
-    with _LOCK:
-        _PLANS[key] = value
-        while len(_PLANS) > _PLANS_MAX:
-            _PLANS.popitem(last=False)
-    return value
 
 
 __all__ = ["PERF_MODELS", "LoadWarning", "candidates_cached", "describe", "plan_cached", "planning_model", "policy_key",
