@@ -51,7 +51,11 @@ DEFAULT_TRAIN_GRAPHS = list(splits.TRAIN_GRAPHS)
 DEFAULT_TRAIN_MACHINES = list(splits.TRAIN_MACHINES)
 DEFAULT_HELDOUT_GRAPHS = list(splits.VALIDATION_GRAPHS)
 DEFAULT_HELDOUT_MACHINES = list(splits.VALIDATION_MACHINES)
-DEFAULT_BASELINES = ["sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro"]
+def default_baselines() -> list[str]:
+    """The heuristics a run is evaluated against: the registry's baselines."""
+    from opsched.policies import BASELINE, names
+
+    return list(names(BASELINE))
 # Real execution (``--backend torch-cpu``): this machine, and zoo graphs small
 # enough that a measured episode takes a fraction of a second.
 REAL_TRAIN_MACHINES = ["local"]
@@ -79,7 +83,7 @@ class TrainConfig:
     train_machines: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_MACHINES))
     heldout_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_GRAPHS))
     heldout_machines: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_MACHINES))
-    baselines: list[str] = field(default_factory=lambda: list(DEFAULT_BASELINES))
+    baselines: list[str] = field(default_factory=default_baselines)
     #: Torch intra-op threads of the trainer.  1 is right on a small or shared
     #: machine (the env workers need the other cores, and OpenMP threads that
     #: spin against other processes slow the small matmuls here tenfold).

@@ -62,8 +62,8 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
     ``which``: ``"best"`` (the best held-out model; the final one if there is
     none yet), ``"final"``, or the path of a model zip inside the run."""
     from opsched.agents.config import ConfigError
+    from opsched.agents.model import load_trained_model
     from opsched.agents.runs import Run
-    from opsched.agents.train import load_trained_model
 
     run_dir = Path(run_dir)
     try:
@@ -195,58 +195,22 @@ def _version() -> str:
         return "unknown"
 
 
-# --------------------------------------------------------------- pretrained
-#: The shipped policy's training run: the default ``opsched train-policy``
-#: configuration (training and held-out sets, PPO hyperparameters, imitation
-#: warm start from critical-path-first and HEFT) with seed 0.
-PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "n_envs": 2, "seed": 0, "hyperparams": "default"}
-
-
-def pretrained_dir() -> Path:
-    """``policies/pretrained`` of this opsched (where ``opsched.apply`` looks by default)."""
-    from opsched.policies.exported import pretrained_path
-
-    return pretrained_path()
-
-
-def make_pretrained(out: str | Path | None = None, runs: str | Path = "runs", **settings: Any) -> Path:
-    """Train the shipped policy (:data:`PRETRAINED_SETTINGS`, overridable) into
-    ``<runs>/pretrained_<N>`` and export its best model to ``out`` (default
-    :func:`pretrained_dir`).  The documented command::
-
-        python -m opsched.agents.export pretrained          # ~9 min on 2 cores
-    """
-    from opsched.agents.config import TrainConfig
-    from opsched.agents.train import train
-
-    cfg = TrainConfig(**{**PRETRAINED_SETTINGS, "out": str(runs), **settings})
-    run = train(cfg, argv=["python", "-m", "opsched.agents.export", "pretrained"])
-    if run.interrupted:
-        raise PolicyError(f"training of the pretrained policy was interrupted; resume with --resume {run.path}")
-    return export_run(run.path, out=out if out is not None else pretrained_dir())
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m opsched.agents.export pretrained [--timesteps N] [--out DIR] [--runs DIR]``
-    or ``python -m opsched.agents.export RUN [--out DIR]`` (as ``opsched export``)."""
+    """``python -m opsched.agents.export RUN [--out DIR]`` (as ``opsched export``); the shipped
+    policy is trained and exported by ``python -m opsched.agents.pretrained``."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m opsched.agents.export", description=main.__doc__)
-    ap.add_argument("what", help="'pretrained' (train and export the shipped policy) or a run folder")
+    ap.add_argument("what", help="a run folder")
     ap.add_argument("--out", default=None, help="output folder")
-    ap.add_argument("--runs", default="runs", help="where the training run goes (pretrained)")
-    ap.add_argument("--timesteps", type=int, default=None, help="training steps (pretrained)")
     args = ap.parse_args(argv)
     if args.what == "pretrained":
-        extra = {"timesteps": args.timesteps} if args.timesteps else {}
-        folder = make_pretrained(args.out, args.runs, **extra)
-    else:
-        folder = export_run(args.what, out=args.out)
+        raise SystemExit("the shipped policy is made by `python -m opsched.agents.pretrained`")
+    folder = export_run(args.what, out=args.out)
     print(f"exported to {folder}")
 
 
-__all__ = ["PRETRAINED_SETTINGS", "export_policy", "export_run", "make_pretrained", "pretrained_dir",
-           "verify_export"]
+__all__ = ["export_policy", "export_run", "verify_export"]
 
 
 if __name__ == "__main__":

@@ -46,14 +46,19 @@ from opsched.agents.callbacks import (
 from opsched.agents.config import ConfigError, TrainConfig
 from opsched.agents.environments import make_env, make_vec_env
 from opsched.agents.evaluate import HeldOutEvaluator
-from opsched.agents.policy import GraphPolicy
+from opsched.agents.model import build_model, load_trained_model, set_weights  # noqa: F401 (re-exported)
 from opsched.agents.runs import Run, RunLock
+from opsched.cache import graphs_dir
 from opsched.io import atomic_write_text
 from opsched.progress import progress_bar
 from opsched.specs import load_graph, load_machine
 
-#: Heuristics the imitation warm start copies (the fastest of them per training pair).
-EXPERTS = ("sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro")
+
+def teachers() -> tuple[str, ...]:
+    """The heuristics the imitation warm start copies (the fastest of them per training pair): the registry's teachers."""
+    from opsched.policies import TEACHER, names
+
+    return names(TEACHER)
 
 
 def train(config: TrainConfig, *, argv: list[str] | None = None, progress: bool = True,
@@ -97,51 +102,12 @@ def _inherit_architecture(cfg: TrainConfig, source: Run) -> TrainConfig:
 
 
 def load_sets(cfg: TrainConfig) -> tuple[list[Any], list[Any]]:
-    """The training graphs and machines (graphs cached under ``<out>/.cache/graphs``)."""
+    """The training graphs and machines (imported graphs cached in the per-user cache, :func:`opsched.cache.graphs_dir`)."""
     # real backends execute the graphs: traced afresh (a cached JSON graph has no torch source)
-    cache = Path(cfg.out) / ".cache" / "graphs" if cfg.backend == "sim" else None
+    cache = graphs_dir() if cfg.backend == "sim" else None
     graphs = [load_graph(s, cache_dir=cache) for s in cfg.train_graphs]
     machines = [load_machine(s) for s in cfg.train_machines]
     return graphs, machines
-
-
-def build_model(cfg: TrainConfig, env: Any, seed: int | None) -> MaskablePPO:
-    """``MaskablePPO(GraphPolicy, env, ...)`` from the resolved hyperparameters."""
-    return MaskablePPO(
-        GraphPolicy, env, **cfg.ppo_kwargs(),
-        policy_kwargs=dict(hidden=cfg.ppo["hidden"], rounds=cfg.ppo["rounds"], levels=cfg.level_times),
-        seed=seed, device="cpu", verbose=0,
-    )
-
-
-def load_trained_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
-    """A run's best model (or a given zip inside a run folder), rebuilt from the
-    run's config and loaded with ``set_parameters`` (tensors only, no unpickling).
-
-    ``env`` defaults to a one-pair env of the run's first held-out pair, which
-    only fixes the spaces."""
-    path = Path(run_or_zip)
-    run = Run.open(path if path.is_dir() else path.parent if (path.parent / "config.yaml").exists()
-                   else path.parent.parent)
-    zip_path = run.model_for_init() if path.is_dir() else path
-    cfg = run.config
-    if env is None:
-        env = make_env([load_graph(cfg.heldout_graphs[0], cache_dir=Path(cfg.out) / ".cache" / "graphs")],
-                       [load_machine(cfg.heldout_machines[0])], cfg.max_nodes)
-    model = build_model(cfg, env, seed=None)
-    set_weights(model, zip_path, "model")
-    return model
-
-
-def set_weights(model: MaskablePPO, zip_path: str | Path, what: str) -> None:
-    """``model.set_parameters`` (tensors only), with a clear error when the zip's
-    network does not fit this model (another encoder size or version)."""
-    try:
-        model.set_parameters(str(zip_path), exact_match=True, device="cpu")
-    except (RuntimeError, KeyError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{what} {zip_path}: its network does not fit this policy (different encoder size, "
-                          f"max_nodes or opsched version): {first}") from exc
 
 
 def _train(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, on_eval: Any,
@@ -169,7 +135,7 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
 
     with sigint_stops(state, console):
         graphs, machines = load_sets(cfg)
-        evaluator = HeldOutEvaluator(cfg, cache_dir=Path(cfg.out) / ".cache" / "graphs")
+        evaluator = HeldOutEvaluator(cfg, cache_dir=graphs_dir())
         _write_baselines(run, evaluator)
         env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
         try:
@@ -249,7 +215,7 @@ def _warm_start(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: li
                 console.print(f"  {phase} round {r}: {note}")
 
         history = warm_start(
-            model.policy, env, pairs, EXPERTS, rounds=n_imitation, steps=int(p["imitation_steps"]),
+            model.policy, env, pairs, teachers(), rounds=n_imitation, steps=int(p["imitation_steps"]),
             lr=float(p["imitation_lr"]), batch_size=int(p["imitation_batch"]),
             first_episodes=int(p.get("imitation_first", len(pairs))),
             episodes_per_round=int(p.get("imitation_episodes", len(pairs))),
@@ -263,7 +229,7 @@ def _warm_start(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: li
                 model.policy.load_state_dict(best["weights"])
             bar.update(task, description="expert iteration")
             iteration = expert_iteration(
-                model.policy, env, pairs, EXPERTS, rounds=n_iteration, pairs_per_round=int(p["iteration_pairs"]),
+                model.policy, env, pairs, teachers(), rounds=n_iteration, pairs_per_round=int(p["iteration_pairs"]),
                 samples=int(p["iteration_samples"]), temperature=float(p["iteration_temperature"]),
                 search_budget=int(p["iteration_budget"]), steps=int(p["iteration_steps"]),
                 lr=float(p["iteration_lr"]), batch_size=int(p["imitation_batch"]),

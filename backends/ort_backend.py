@@ -5,8 +5,8 @@
 optimiser made, so its kernels: fusions, blocked layouts) under a Plan:
 
 1. **Lowering** (``backends/ort_lower.py``): the plan's simulated schedule,
-   under the planning model (:func:`opsched.planning.planning_model` for
-   ``"ort"`` unless a ``model`` is given), becomes lanes of segments; each
+   under the planning model the plan was made with (``model``, or
+   :meth:`OrtBackend.use_model`; the analytic model when none is given), becomes lanes of segments; each
    segment is a sub-model of the graph built once as an ONNX Runtime session
    (sequential mode, graph optimisations off - the nodes are already
    optimised - and the segment's intra-op thread count).  Sessions are cached
@@ -294,7 +294,8 @@ class OrtBackend(BackendBase):
     Arguments:
         machine: the machine plans are made for (its ``cpu`` cores are the lanes).
         model: the planning model the plan's schedule is simulated with for
-            lowering (default: :func:`opsched.planning.planning_model` for ``"ort"``).
+            lowering (default: the analytic model; ``opsched.apply`` and ``compare``
+            pass the planning model the plans were made with, :meth:`use_model`).
         spinning: how sessions' intra-op pools spin-wait between parallel
             regions: ``"auto"`` (default) as ONNX Runtime does when one session
             runs the whole graph, for at most :data:`SEGMENT_SPIN_US` in a
@@ -332,9 +333,9 @@ class OrtBackend(BackendBase):
     def model(self) -> PerfModel:
         """The planning model plans are lowered with."""
         if self._model is None:
-            from opsched.planning import planning_model
+            from opsched.engine.sim import default_perf_model
 
-            self._model = planning_model(self.machine, "ort")
+            self._model = default_perf_model()
         return self._model
 
     def use_model(self, model: PerfModel) -> None:

@@ -6,7 +6,7 @@ measures a set of plans of the model (:func:`runtime_fit.make_plans`: one op
 at a time with per-op thread variants, co-running orders, the heuristics,
 mixed and random plans) on the real backend, stores them beside the profiles
 (``<profiles>/runtime/<machine>/ort_<graph>.json``) and refits
-:class:`~opsched.backends.ort_runtime.OrtRuntime` on every such record of the
+:class:`~opsched.engine.models.ort_runtime.OrtRuntime` on every such record of the
 machine (:func:`fit_ort_runtime`), saved as ``.../ort.json``.
 
 Measurement (:func:`measure_plans`) runs in this process: ONNX Runtime keeps
@@ -32,9 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.ort_runtime import OrtRuntime
-from opsched.backends.profiler import DEFAULT_CACHE_DIR
-from opsched.backends.runtime import PlanningModel
 from opsched.backends.runtime_fit import (
     GraphRef,
     RuntimeRun,
@@ -44,10 +41,12 @@ from opsched.backends.runtime_fit import (
     save_record,
 )
 from opsched.engine.contracts import PerfModel
+from opsched.engine.models.ort_runtime import OrtRuntime
+from opsched.engine.models.runtime import PlanningModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
-from opsched.timing import ContentionMeter, wait_quiet
+from opsched.timing import ContentionMeter, settle, wait_quiet
 
 #: Grids of the coordinate search (seconds unless said).  ``spin_s`` is not
 #: fitted: pools spin only in single-session plans (``OrtBackend(spinning="auto")``),
@@ -64,15 +63,11 @@ JOINT = {"op_overhead_s": (0.0, 1e-6, 2e-6, 4e-6, 8e-6, 16e-6, 32e-6),
          "handoff_s": (0.0, 10e-6, 20e-6, 40e-6, 80e-6, 160e-6, 320e-6)}
 #: A sample is quiet when other processes used at most this many cores during it.
 QUIET_CORES = 0.3
-#: Pause before each timed call of a benchmark: an ONNX Runtime session with default
-#: settings keeps its intra-op threads spinning for tens of milliseconds after a run, on
-#: a core the next configuration would run on (each configuration is timed as it runs alone).
-SPIN_GAP_S = 0.05
 
 
 def measure_plans(graph: OpGraph, plans: Mapping[str, Plan], machine: Machine, model: PerfModel, *,
                   rounds: int = 3, warmup: int = 1, reps: int = 3, budget_s: float = 120.0,
-                  max_tries: int = 5, settle_s: float = 0.5, quiet_wait_s: float = 30.0, gap_s: float = SPIN_GAP_S,
+                  max_tries: int = 5, settle_s: float = 0.5, quiet_wait_s: float = 30.0,
                   on_round: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Wall seconds of every plan on the ``ort`` backend (lowered with ``model``):
     per plan one sample per round (the median of ``reps`` runs), the sum of its
@@ -80,8 +75,9 @@ def measure_plans(graph: OpGraph, plans: Mapping[str, Plan], machine: Machine, m
     other processes used the cores is taken again at the end of its round, once
     they leave them (waiting up to ``quiet_wait_s``), up to ``max_tries`` in all
     while within ``budget_s``; the quietest is kept, and a plan with quiet
-    samples keeps only those.  Each sample starts ``gap_s`` after the last one
-    (:data:`SPIN_GAP_S`)."""
+    samples keeps only those.  Each sample starts once the last one's threads went
+    quiet (:func:`opsched.timing.settle`: an ONNX Runtime session keeps its intra-op
+    threads spinning for tens of milliseconds after a run)."""
     from opsched.backends.ort_backend import OrtBackend
 
     names = list(plans)
@@ -93,7 +89,7 @@ def measure_plans(graph: OpGraph, plans: Mapping[str, Plan], machine: Machine, m
             be.compile(graph, plans[p])
 
         def sample(p: str) -> tuple[float, float, float]:
-            time.sleep(gap_s)  # the last plan's intra-op pool may still spin: let it stop first
+            settle()  # the last plan's intra-op pool may still spin: let it stop first
             for _ in range(warmup):
                 be.run(graph, plans[p])
             with ContentionMeter() as meter:
@@ -234,7 +230,7 @@ def ort_plans(graph: OpGraph, machine: Machine, model: PerfModel, n_plans: int =
 
 def calibrate_ort(graph: OpGraph, ref: GraphRef, machine: Machine, perf: PerfModel, *, n_plans: int = 16,
                   rounds: int = 3, warmup: int = 1, reps: int = 3, budget_s: float = 300.0,
-                  cache_dir: str = str(DEFAULT_CACHE_DIR), on_round: Callable[[int], None] | None = None
+                  cache_dir: str | None = None, on_round: Callable[[int], None] | None = None
                   ) -> tuple[OrtRuntime, list[RuntimeRun]]:
     """Measure plans of ``graph`` on the ``ort`` backend, store them, refit the
     runtime model on every stored ``ort`` record of ``machine`` and save it."""
@@ -259,4 +255,4 @@ def calibrate_ort(graph: OpGraph, ref: GraphRef, machine: Machine, perf: PerfMod
     return model, runs
 
 
-__all__ = ["GRIDS", "JOINT", "QUIET_CORES", "SPIN_GAP_S", "calibrate_ort", "fit_ort_runtime", "measure_plans", "ort_plans", "wall_time"]
+__all__ = ["GRIDS", "JOINT", "QUIET_CORES", "calibrate_ort", "fit_ort_runtime", "measure_plans", "ort_plans", "wall_time"]

@@ -14,9 +14,9 @@ Co-run interference: pairs of nodes (chosen by :func:`~opsched.backends.interfer
 each as a one-node session at one thread, plus two synthetic ONNX kernels (a
 GEMM, a streaming add far larger than the last-level cache), run side by side
 on two threads (ONNX Runtime releases the interpreter lock in ``run``) and
-alone; the slowdowns are fitted with :func:`~opsched.backends.interference.fit_interference`.
+alone; the slowdowns are fitted with :func:`~opsched.engine.models.interference.fit_interference`.
 
-The result is a :class:`~opsched.backends.profiler.Profile`, saved like the
+The result is a :class:`~opsched.engine.profiles.Profile`, saved like the
 PyTorch profiles but in their own folder (:func:`ort_cache_dir`,
 ``runs/profiles/ort``): kernel times of ONNX Runtime must not stand in for
 PyTorch's op times in the PyTorch planning model, nor the other way round.
@@ -35,17 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.profiler import (
-    DEFAULT_CACHE_DIR,
-    OpProfile,
-    Profile,
-    ProfileError,
-    _levels_for,
-    _llc_bytes,
-    cache_path,
-    load_cached,
-    usable_cores,
-)
+from opsched.backends.profiler import _levels_for, _llc_bytes, load_cached, usable_cores
+from opsched.cache import profiles_dir
+from opsched.engine.profiles import OpProfile, Profile, ProfileError, cache_path
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.timing import ContentionMeter, wait_quiet
@@ -56,9 +48,9 @@ ORT_SUBDIR = "ort"
 _FLOOR_S = 0.5e-6
 
 
-def ort_cache_dir(cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+def ort_cache_dir(cache_dir: str | Path | None = None) -> Path:
     """Where the ONNX Runtime profiles of a profile cache live."""
-    return Path(cache_dir) / ORT_SUBDIR
+    return profiles_dir(cache_dir) / ORT_SUBDIR
 
 
 def onnx_source(graph: OpGraph) -> Any:
@@ -156,6 +148,7 @@ def measure_interference(graph: OpGraph, records: dict[str, OpProfile], level: i
                          on_pair: Callable[[], None] | None = None) -> dict[str, Any]:
     """Co-run pairs of the graph's nodes and of synthetic kernels; the fitted slowdown term."""
     from opsched.backends import interference as itf
+    from opsched.engine.models import interference as itm
 
     src = onnx_source(graph)
     cands = {op.id: (records[op.id].median[level], op.flops, op.bytes_total) for op in graph.ops
@@ -170,10 +163,10 @@ def measure_interference(graph: OpGraph, records: dict[str, OpProfile], level: i
     bw_one = itf.measure_bandwidth(1, llc_bytes=llc)
     bw_all = itf.measure_bandwidth(min(usable_cores(), 2), llc_bytes=llc) if usable_cores() >= 2 else bw_one
     recs = itf.measure_pairs(kernels, pairs, threads=1, on_pair=on_pair) if usable_cores() >= 2 else []
-    fit = itf.fit_interference(recs, bandwidth_gbs=max(bw_all, bw_one))
+    fit = itm.fit_interference(recs, bandwidth_gbs=max(bw_all, bw_one))
     return {"fit": fit.to_dict(), "threads_per_op": 1, "llc_bytes": llc,
             "bandwidth_gbs": {"one_stream": float(bw_one), "all_streams": float(bw_all)},
-            "class_factors": itf.class_factors(recs), "pairs": [asdict(r) for r in recs]}
+            "class_factors": itm.class_factors(recs), "pairs": [asdict(r) for r in recs]}
 
 
 # ------------------------------------------------------------------ profile

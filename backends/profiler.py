@@ -32,209 +32,23 @@ import ctypes
 import ctypes.util
 import datetime as _dt
 import gc
-import json
 import os
 import platform
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from opsched.backends.interference import PairRecord
-from opsched.errors import OpschedError
+from opsched.engine.profiles import OpProfile, Profile, ProfileError, cache_path
 from opsched.graph import Op, OpGraph
-from opsched.io import atomic_write_text
-from opsched.machine import Device, Machine
+from opsched.machine import Machine
 from opsched.progress import progress_bar
 from opsched.timing import ContentionMeter
-
-PROFILE_FORMAT = "opsched.profile"
-PROFILE_FORMAT_VERSION = 1
-DEFAULT_CACHE_DIR = Path("runs") / "profiles"
-
-
-class ProfileError(OpschedError, ValueError):
-    """A profile that cannot be made or read (the message says which file or op)."""
-
-
-# ------------------------------------------------------------------ records
-def op_signature(op: Op) -> tuple:
-    """How ops of different graphs are matched: same kind, output shape, FLOPs and bytes."""
-    return (op.kind, tuple(op.shape), round(float(op.flops)), round(float(op.bytes_total)))
-
-
-@dataclass(frozen=True)
-class OpProfile:
-    """One op's measured times: ``samples[k]`` are seconds per call at ``k`` threads."""
-
-    id: str
-    kind: str
-    flops: float
-    bytes_total: float
-    shape: tuple[int, ...]
-    samples: Mapping[int, tuple[float, ...]]
-    others_cores: float = 0.0  # cores other processes used while it was measured
-    dropped_rounds: Mapping[int, int] = field(default_factory=dict)  # per level, rounds dropped as preempted
-
-    @cached_property
-    def median(self) -> dict[int, float]:
-        return {k: float(np.median(v)) for k, v in self.samples.items() if v}
-
-    @cached_property
-    def quartiles(self) -> dict[int, tuple[float, float]]:
-        return {k: (float(np.percentile(v, 25)), float(np.percentile(v, 75))) for k, v in self.samples.items() if v}
-
-    @property
-    def signature(self) -> tuple:
-        return (self.kind, tuple(self.shape), round(self.flops), round(self.bytes_total))
-
-    def suspect_levels(self, contention_limit: float = 0.25) -> set[int]:
-        """Multi-thread levels not to trust: measured while other processes used
-        more than ``contention_limit`` cores *and* more than twice as slow as the
-        lowest level - the signature of a helper thread waiting for a core."""
-        if self.others_cores <= contention_limit or not self.median:
-            return set()
-        lo = min(self.median)
-        return {k for k, t in self.median.items() if k != lo and t > 2.0 * self.median[lo]}
-
-    def speedup(self, k: int) -> float:
-        """Time at the lowest level over time at ``k`` threads."""
-        return self.median[min(self.median)] / self.median[k]
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Measured per-op times of one graph on one machine, plus the co-run fit."""
-
-    graph_fingerprint: str
-    graph_name: str
-    machine_fingerprint: str
-    machine_name: str
-    device: Mapping[str, Any]  # the profiled CPU Device as a dict
-    levels: tuple[int, ...]
-    ops: Mapping[str, OpProfile]
-    interference: Mapping[str, Any] | None = None  # {"fit": {...}, "pairs": [...], "bandwidth_gbs": {...}}
-    settings: Mapping[str, Any] = field(default_factory=dict)
-
-    # ------------------------------------------------------------- queries
-    def time(self, op_id: str, threads: int) -> float:
-        """Median seconds of ``op_id`` at ``threads`` (ProfileError if not measured)."""
-        try:
-            return self.ops[op_id].median[threads]
-        except KeyError:
-            raise ProfileError(
-                f"profile of {self.graph_name!r} has no time for op {op_id!r} at {threads} threads "
-                f"(levels {list(self.levels)})"
-            ) from None
-
-    @property
-    def cpu(self) -> Device:
-        return Device(**self.device)
-
-    def matches_device(self, device: Device) -> bool:
-        """True when ``device`` is the device this profile measured (same hardware description)."""
-        mine = self.device
-        return (device.kind == mine.get("kind") and device.cores == mine.get("cores")
-                and device.name == mine.get("name") and device.sockets == mine.get("sockets")
-                and device.smt == mine.get("smt"))
-
-    def total_time(self, threads: int) -> float:
-        return float(sum(p.median.get(threads, 0.0) for p in self.ops.values()))
-
-    # ---------------------------------------------------------------- JSON
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": PROFILE_FORMAT,
-            "version": PROFILE_FORMAT_VERSION,
-            "graph": {"fingerprint": self.graph_fingerprint, "name": self.graph_name},
-            "machine": {"fingerprint": self.machine_fingerprint, "name": self.machine_name,
-                        "device": dict(self.device)},
-            "levels": list(self.levels),
-            "settings": dict(self.settings),
-            "ops": [
-                {"id": p.id, "kind": p.kind, "flops": p.flops, "bytes": p.bytes_total, "shape": list(p.shape),
-                 # integer nanoseconds: exact, compact
-                 "samples_ns": {str(k): [max(1, int(round(t * 1e9))) for t in v] for k, v in p.samples.items()},
-                 "others_cores": round(p.others_cores, 3),
-                 "dropped_rounds": {str(k): v for k, v in p.dropped_rounds.items()}}
-                for p in self.ops.values()
-            ],
-            "interference": self.interference,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "<dict>") -> Profile:
-        if not isinstance(data, Mapping) or data.get("format") != PROFILE_FORMAT:
-            raise ProfileError(f"{where}: not an opsched profile (missing format {PROFILE_FORMAT!r})")
-        if data.get("version") != PROFILE_FORMAT_VERSION:
-            raise ProfileError(f"{where}: profile format version {data.get('version')!r} is not supported "
-                               f"(this opsched reads version {PROFILE_FORMAT_VERSION}); re-profile with --refresh")
-        try:
-            ops = {}
-            for o in data["ops"]:
-                samples = {int(k): tuple(float(t) * 1e-9 for t in v) for k, v in o["samples_ns"].items()}
-                if any(not v or min(v) <= 0 for v in samples.values()):
-                    raise ValueError(f"op {o['id']!r} has an empty or non-positive sample list")
-                ops[str(o["id"])] = OpProfile(str(o["id"]), str(o["kind"]), float(o["flops"]), float(o["bytes"]),
-                                              tuple(int(d) for d in o["shape"]), samples,
-                                              float(o.get("others_cores", 0.0)),
-                                              {int(k): int(v) for k, v in o.get("dropped_rounds", {}).items()})
-            inter = data.get("interference")
-            if inter is not None:
-                if not isinstance(inter, Mapping):
-                    raise ValueError("interference is not a mapping")
-                for r in inter.get("pairs", []):
-                    PairRecord(**r)  # the fields a fitted model will read
-                for v in inter.get("bandwidth_gbs", {}).values():
-                    float(v)
-            g, m = data["graph"], data["machine"]
-            return cls(str(g["fingerprint"]), str(g["name"]), str(m["fingerprint"]), str(m["name"]),
-                       dict(m["device"]), tuple(int(k) for k in data["levels"]), ops,
-                       data.get("interference"), dict(data.get("settings", {})))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ProfileError(f"{where}: malformed profile: {type(exc).__name__}: {exc}") from None
-
-    def save(self, path: str | Path) -> None:
-        atomic_write_text(path, json.dumps(self.to_dict(), separators=(",", ":")))
-
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ProfileError(f"{p}: no such profile file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"{p}: cannot read profile ({exc})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                               "the file is truncated or corrupt - delete it or re-profile with --refresh") from None
-        return cls.from_dict(data, where=str(p))
-
-
-def cache_path(graph: OpGraph, machine: Machine, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
-    return Path(cache_dir) / f"{graph.fingerprint()}_{machine.fingerprint()}.json"
-
-
-def load_profiles(machine: Machine | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> list[Profile]:
-    """Every readable cached profile (of ``machine`` when given); unreadable ones are skipped with a warning."""
-    out = []
-    suffix = f"_{machine.fingerprint()}.json" if machine is not None else ".json"
-    for p in sorted(Path(cache_dir).glob(f"*{suffix}")):
-        try:
-            out.append(Profile.load(p))
-        except ProfileError as exc:
-            warnings.warn(f"skipping unreadable profile: {exc}", stacklevel=2)
-    return out
-
 
 # --------------------------------------------------------------- allocator
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -430,7 +244,7 @@ def _llc_bytes() -> float:
 
 def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Sequence[int] | None = None,
                   warmup: int = 3, repeats: int = 30, refresh: bool = False,
-                  cache_dir: str | Path | None = DEFAULT_CACHE_DIR, interference: bool = True,
+                  cache_dir: str | Path | None | Literal[False] = None, interference: bool = True,
                   budget_per_op_s: float = 0.08, progress: bool = True, console: Any = None,
                   tune_allocator: bool = True, max_attempts: int = 3, contention_limit: float = 0.25,
                   retry_budget_s: float = 10.0) -> Profile:
@@ -438,7 +252,7 @@ def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Seque
 
     ``machine`` defaults to ``Machine.probe()``; its CPU's ``thread_levels()``
     are measured unless ``threads`` names the levels.  The result is cached in
-    ``cache_dir`` (``None``: no cache) and reused when it covers the requested
+    ``cache_dir`` (None: the per-user cache, :func:`opsched.cache.profiles_dir`; False: no cache) and reused when it covers the requested
     levels (and interference, when asked) unless ``refresh``; an unreadable
     cache file is re-measured with a warning.
 
@@ -452,7 +266,7 @@ def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Seque
     levels = _levels_for(machine, threads)
     if repeats < 1 or warmup < 0:
         raise ProfileError(f"repeats must be >= 1 and warmup >= 0 (got repeats={repeats}, warmup={warmup})")
-    path = cache_path(graph, machine, cache_dir) if cache_dir is not None else None
+    path = cache_path(graph, machine, cache_dir) if cache_dir is not False else None
     cached = load_cached(path, graph, levels, interference) if path is not None and not refresh else None
     if cached is not None:
         return cached
@@ -522,6 +336,7 @@ def _measure_interference(graph: OpGraph, machine: Machine, fns: Mapping[str, Ca
                           records: Mapping[str, OpProfile], level: int, bar: Any, task: Any) -> dict[str, Any]:
     """Co-run pairs from the graph and synthetic kernels; fit the slowdown term."""
     from opsched.backends import interference as itf
+    from opsched.engine.models import interference as itm
 
     threads = max(1, min(usable_cores(), machine.cpu.cores) // 2)
     cands = {op.id: (records[op.id].median[level], op.flops, op.bytes_total) for op in graph.ops
@@ -541,8 +356,8 @@ def _measure_interference(graph: OpGraph, machine: Machine, fns: Mapping[str, Ca
     bar.advance(task)
     recs = itf.measure_pairs(kernels, pairs, threads=threads, on_pair=lambda: bar.advance(task)) \
         if usable_cores() >= 2 else []
-    fit = itf.fit_interference(recs, bandwidth_gbs=max(bw_all, bw_one))
+    fit = itm.fit_interference(recs, bandwidth_gbs=max(bw_all, bw_one))
     return {"fit": fit.to_dict(), "threads_per_op": threads, "llc_bytes": llc,
             "bandwidth_gbs": {"one_stream": float(bw_one), "all_streams": float(bw_all)},
-            "class_factors": itf.class_factors(recs),
+            "class_factors": itm.class_factors(recs),
             "pairs": [asdict(r) for r in recs]}

@@ -5,7 +5,7 @@
 orders, the heuristics, mixed and random plans) on the real runtime, stores
 the measurements beside the profiles (one record per graph and machine,
 :func:`save_record`), and refits the backend's
-:class:`~opsched.backends.runtime.TorchCPURuntime` on every record of this
+:class:`~opsched.engine.models.runtime.TorchCPURuntime` on every record of this
 machine (:func:`fit_runtime`, term by term), saved as
 ``<profiles>/runtime/<machine>/torch-cpu.json`` (:func:`runtime_path`).
 
@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from opsched.backends.profiler import DEFAULT_CACHE_DIR, ProfileError
-from opsched.backends.runtime import RUNTIME_MODELS, TorchCPURuntime, cold_weight_bytes
+from opsched.cache import profiles_dir
 from opsched.engine.contracts import PerfModel
+from opsched.engine.models.runtime import TorchCPURuntime, cold_weight_bytes
+from opsched.engine.profiles import ProfileError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
@@ -428,7 +429,7 @@ def op_level_rows(run: RuntimeRun, plan: str) -> tuple[np.ndarray, ...]:
 
 
 def fit_runtime(runs: Sequence[RuntimeRun], machine: Machine, base: PerfModel) -> TorchCPURuntime:
-    """The :class:`~opsched.backends.runtime.TorchCPURuntime` that best explains ``runs``' measurements,
+    """The :class:`~opsched.engine.models.runtime.TorchCPURuntime` that best explains ``runs``' measurements,
     term by term, each from the measurements it alone affects:
 
     1. op by op, in the plans whose per-op durations were kept (``DETAIL_PLANS``,
@@ -449,7 +450,7 @@ def fit_runtime(runs: Sequence[RuntimeRun], machine: Machine, base: PerfModel) -
        the OpenMP team overhead, each on a grid (simulated)."""
     from scipy.optimize import least_squares, minimize_scalar
 
-    from opsched.backends.runtime import INSITU_REF_S, PlanningModel
+    from opsched.engine.models.runtime import INSITU_REF_S, PlanningModel
 
     alpha, o_in, cold, act, gap, expo, overlap = 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0
     detail = [(r, p) for r in runs for p in r.op_measured if p in r.op_raw and r.serial.get(p, False)]
@@ -617,35 +618,38 @@ def _op_times(graph: OpGraph, trace: Any) -> np.ndarray:
 
 
 # ===================================================================== store
-def runtime_dir(machine: Machine, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+def runtime_dir(machine: Machine, cache_dir: str | Path | None = None) -> Path:
     """Where ``machine``'s runtime measurements and models live, beside its profiles
     (keyed by its CPU: the runtimes modelled here run on the CPU)."""
-    return Path(cache_dir) / "runtime" / machine.cpu_only().fingerprint()
+    return profiles_dir(cache_dir) / "runtime" / machine.cpu_only().fingerprint()
 
 
-def runtime_path(machine: Machine, backend: str = "torch-cpu", cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+def runtime_path(machine: Machine, backend: str = "torch-cpu", cache_dir: str | Path | None = None) -> Path:
     """The fitted runtime model of ``backend`` on ``machine``."""
     return runtime_dir(machine, cache_dir) / f"{backend}.json"
 
 
 def load_runtime(machine: Machine, backend: str = "torch-cpu",
-                 cache_dir: str | Path = DEFAULT_CACHE_DIR) -> TorchCPURuntime | None:
+                 cache_dir: str | Path | None = None) -> TorchCPURuntime | None:
     """The stored runtime model of ``backend`` on ``machine``, or None when none was fitted."""
+    from opsched.backends.registry import spec
+
+    cls = spec(backend).runtime_model_class()
     path = runtime_path(machine, backend, cache_dir)
-    if backend not in RUNTIME_MODELS or not path.is_file():
+    if cls is None or not path.is_file():
         return None
-    return RUNTIME_MODELS[backend].load(path)
+    return cls.load(path)
 
 
 def record_path(graph: OpGraph, machine: Machine, backend: str = "torch-cpu",
-                cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+                cache_dir: str | Path | None = None) -> Path:
     return runtime_dir(machine, cache_dir) / f"{backend}_{graph.fingerprint()}.json"
 
 
 
 def save_record(graph: OpGraph, ref: GraphRef, machine: Machine, plans: Mapping[str, Plan],
                 measured: Mapping[str, Any], meta: Mapping[str, Any], backend: str = "torch-cpu",
-                cache_dir: str | Path = DEFAULT_CACHE_DIR) -> Path:
+                cache_dir: str | Path | None = None) -> Path:
     """Store one graph's measured plans (the graph itself too, with its
     per-op cold weight bytes: the refit needs no model import)."""
     from opsched.io import atomic_write_text
@@ -662,7 +666,7 @@ def save_record(graph: OpGraph, ref: GraphRef, machine: Machine, plans: Mapping[
 
 
 def load_runs(machine: Machine, perf: PerfModel, backend: str = "torch-cpu",
-              cache_dir: str | Path = DEFAULT_CACHE_DIR) -> list[RuntimeRun]:
+              cache_dir: str | Path | None = None) -> list[RuntimeRun]:
     """Every stored record of ``backend`` on ``machine`` as a :class:`RuntimeRun`
     (an unreadable record is skipped with a warning)."""
     import warnings
@@ -685,7 +689,7 @@ def load_runs(machine: Machine, perf: PerfModel, backend: str = "torch-cpu",
 
 def calibrate(graph: OpGraph, ref: GraphRef, machine: Machine, perf: PerfModel, *, n_plans: int = 16,
               rounds: int = 3, warmup: int = 1, reps: int = 3, budget_s: float = 90.0,
-              cache_dir: str | Path = DEFAULT_CACHE_DIR, on_round: Callable[[int], None] | None = None
+              cache_dir: str | Path | None = None, on_round: Callable[[int], None] | None = None
               ) -> tuple[TorchCPURuntime, list[RuntimeRun]]:
     """Measure ``n_plans`` plans of ``graph`` on the PyTorch CPU runtime, store
     them, and refit the runtime model on every stored record of ``machine``

@@ -566,7 +566,7 @@ def build_events(graph: OpGraph, plan: Plan, raw: Sequence[Sequence[Any]],
     that kernel's interval (zero-length at their inputs' end if a slice would
     break a dependency or a slot); see the module docstring.
     """
-    from opsched.backends.perfmodel import default_model
+    from opsched.engine.models.analytic import default_model
 
     timed_ns, meta = _match(graph, raw)
     if not timed_ns:
@@ -650,7 +650,7 @@ def _violations(graph: OpGraph, plan: Plan, iv: Mapping[int, tuple[float, float]
 def profile_tf(graph: OpGraph, machine: Machine | None = None, levels: Sequence[int] | None = None,
                runs: int = 10, warmup: int = 2, backend: TFBackend | None = None) -> Any:
     """Per-op times of a TF graph at each intra-op thread count, as an
-    ``opsched.backends.profiler.Profile`` (the format the torch profiler writes
+    ``opsched.engine.profiles.Profile`` (the format the torch profiler writes
     and the fitted performance model reads).
 
     For each level ``k`` a worker with ``inter=1, intra=k`` runs the graph
@@ -659,7 +659,7 @@ def profile_tf(graph: OpGraph, machine: Machine | None = None, levels: Sequence[
     threads - one sample per run.  Ops Grappler fused into a later kernel get
     their model-proportional share of it (``settings['fused']`` lists them).
     """
-    from opsched.backends.profiler import OpProfile, Profile
+    from opsched.engine.profiles import OpProfile, Profile
     from opsched.plan import uniform_plan
 
     machine = machine or Machine.probe()

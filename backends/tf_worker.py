@@ -38,11 +38,12 @@ import os
 import struct
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from opsched.lru import IdentityLRU
 
 _LEN = struct.Struct("<Q")
 MAX_FRAME = 1 << 34  # 16 GiB: anything larger is a corrupt stream, not a model
@@ -113,7 +114,8 @@ class _Worker:
                 cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(cpu_devices)])
         self.gpus = len(tf.config.list_physical_devices("GPU"))
         self.graphs: dict[str, tuple[Any, list[str], list[str], bool]] = {}
-        self.sessions: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        # (graph key, placement, after) -> (session, callable); an evicted session is closed
+        self.sessions = IdentityLRU(self.MAX_SESSIONS, on_evict=lambda _key, entry: entry[0].close())
 
     def hello(self) -> dict[str, Any]:
         return {"ok": True, "pid": os.getpid(), "tf_version": self.tf.__version__, "inter": self.inter,
@@ -146,16 +148,15 @@ class _Worker:
 
     def unload(self, key: str) -> dict[str, Any]:
         self.graphs.pop(key, None)
-        for skey in [k for k in self.sessions if k[0] == key]:
-            sess, _ = self.sessions.pop(skey)
-            sess.close()
+        for skey in [k for k in self.sessions.keys() if k[0] == key]:
+            self.sessions.pop(skey)  # closes it
         return {"ok": True}
 
     def _session(self, key: str, placement: dict[str, str], after: dict[str, list[str]]) -> tuple[Any, Any]:
         skey = (key, tuple(sorted(placement.items())), tuple(sorted((k, tuple(v)) for k, v in after.items())))
-        if skey in self.sessions:
-            self.sessions.move_to_end(skey)
-            return self.sessions[skey]
+        hit = self.sessions.get(skey)
+        if hit is not None:
+            return hit
         tf = self.tf
         from tensorflow.core.framework import graph_pb2
         from tensorflow.core.protobuf import rewriter_config_pb2
@@ -188,10 +189,7 @@ class _Worker:
         feed_t = [graph.get_tensor_by_name(n) for n in feeds]
         fetch_t = [graph.get_tensor_by_name(n) for n in fetches]
         fn = sess.make_callable(fetch_t, feed_list=feed_t, accept_options=True)
-        self.sessions[skey] = (sess, fn)
-        while len(self.sessions) > self.MAX_SESSIONS:
-            _, (old, _) = self.sessions.popitem(last=False)
-            old.close()
+        self.sessions.put(skey, (sess, fn))
         return sess, fn
 
     def run(self, header: dict[str, Any], blobs: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:

@@ -85,7 +85,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -97,6 +96,7 @@ import torch
 from opsched.backends.base import BackendBase
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace, TraceEvent
@@ -841,11 +841,10 @@ class TorchCUDABackend(BackendBase):
         self.visible_gpus = len(machine.gpus) if emulate else torch.cuda.device_count()
         self.stream_policy = stream_policy
         self.free_values = free_values
-        self._cache: OrderedDict[tuple[int, int], _Compiled] = OrderedDict()
-        self._cache_size = max(1, cache_size)
+        self._cache = IdentityLRU(max(1, cache_size))  # (graph, plan) -> _Compiled
         # Compiled plans hold their replicas; this cache only saves re-copying
         # parameters for the next plan of the same graph (least recently used dropped).
-        self._replicas: OrderedDict[tuple[int, str], tuple[Any, _Replica]] = OrderedDict()
+        self._replicas = IdentityLRU(2 * max(1, cache_size))  # (source, device) -> _Replica
         self._streams: dict[str, dict[str, Any]] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -855,17 +854,8 @@ class TorchCUDABackend(BackendBase):
         """Validate and compile ``plan`` for ``graph`` (cached by identity)."""
         if self._closed:
             raise ExecutionError(f"the {self.name} backend is closed; create a new one to run graph {graph.name!r}")
-        key = (id(graph), id(plan))
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit.graph is graph and hit.plan is plan:
-                self._cache.move_to_end(key)
-                return hit
-            cp = self._compile(graph, plan)
-            self._cache[key] = cp
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-            return cp
+            return self._cache.get_or_make((id(graph), id(plan)), lambda: self._compile(graph, plan), graph, plan)
 
     def _compile(self, graph: OpGraph, plan: Plan) -> _Compiled:
         from opsched.backends.torch_cpu import _protected_slots, _torch_source
@@ -918,10 +908,9 @@ class TorchCUDABackend(BackendBase):
     def _replica(self, src: Any, device_id: str) -> _Replica:
         """The source on ``device_id``: parameters and buffers copied there once (cached)."""
         key = (id(src), device_id)
-        hit = self._replicas.get(key)
-        if hit is not None and hit[0] is src:
-            self._replicas.move_to_end(key)
-            return hit[1]
+        hit = self._replicas.get(key, src)
+        if hit is not None:
+            return hit
         from opsched.importers.torch_fx import _fetch_attr
 
         if device_id == "cpu" and not any(t.is_cuda for t in _params(src.gm)):
@@ -932,9 +921,7 @@ class TorchCUDABackend(BackendBase):
         fns = {c.op_id: c.run for c in rsrc.compile_ops()}
         consts = [(s, _fetch_attr(rsrc.gm, target)) for s, target in rsrc.const_slots.items()]
         rep = _Replica(rsrc, fns, consts)
-        self._replicas[key] = (src, rep)
-        while len(self._replicas) > 2 * self._cache_size:
-            self._replicas.popitem(last=False)
+        self._replicas.put(key, rep, src)
         return rep
 
     def _device_streams(self, device_id: str, workers: int) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import json
 import math
 import statistics
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from opsched.engine.observe import EpisodeData, observation_space, prepare_episo
 from opsched.engine.sim import SimState
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan, uniform_plan
 from opsched.trace import Trace
@@ -273,7 +273,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         self.observation_space = observation_space(self.max_nodes, self.max_edges)
         self.action_space = MaskedDiscrete(self.layout.n)
         self.action_space.bind(self)
-        self._cache: OrderedDict[tuple[int, int], EpisodeData] = OrderedDict()
+        self._cache = IdentityLRU(64)  # (graph, machine) -> EpisodeData
         self._measured: dict[str, dict[str, Any]] = {}
         self._measured_reference: weakref.WeakKeyDictionary[EpisodeData, float] = weakref.WeakKeyDictionary()
         self._real = shared
@@ -309,19 +309,13 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         return tuple(load_machine(m) for m in specs)
 
     def _episode(self, graph: OpGraph, machine: Machine) -> EpisodeData:
-        key = (id(graph), id(machine))
-        data = self._cache.get(key)
-        if data is None or data.graph is not graph or data.machine is not machine:
+        def make() -> EpisodeData:
             from opsched.policies.hints import best_heuristic
 
             hint = best_heuristic(graph, machine, self.model)[1]  # the observation's hint_* columns
-            data = prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges, hint)
-            self._cache[key] = data
-            if len(self._cache) > 64:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return data
+            return prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges, hint)
+
+        return self._cache.get_or_make((id(graph), id(machine)), make, graph, machine)
 
     # ------------------------------------------------------------------ API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:

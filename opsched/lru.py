@@ -17,10 +17,14 @@ from typing import Any
 
 
 class IdentityLRU:
-    """At most ``size`` entries, least recently used dropped first; safe across threads."""
+    """At most ``size`` entries, least recently used dropped first; safe across threads.
 
-    def __init__(self, size: int) -> None:
+    ``on_evict(key, value)`` is called (outside the lock) for every entry dropped
+    to make room or taken out with :meth:`pop`, e.g. to close a session."""
+
+    def __init__(self, size: int, on_evict: Callable[[Hashable, Any], None] | None = None) -> None:
         self.size = max(1, int(size))
+        self.on_evict = on_evict
         self._items: OrderedDict[Hashable, tuple[tuple[Any, ...], Any]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -35,11 +39,31 @@ class IdentityLRU:
 
     def put(self, key: Hashable, value: Any, *owners: Any) -> None:
         """Store ``value`` under ``key`` for ``owners``, dropping the oldest entries beyond ``size``."""
+        dropped = []
         with self._lock:
             self._items[key] = (owners, value)
             self._items.move_to_end(key)
             while len(self._items) > self.size:
-                self._items.popitem(last=False)
+                old_key, (_, old) = self._items.popitem(last=False)
+                dropped.append((old_key, old))
+        if self.on_evict is not None:
+            for k, v in dropped:
+                self.on_evict(k, v)
+
+    def pop(self, key: Hashable) -> Any | None:
+        """Take the entry under ``key`` out (whatever its owners) and return its value, or None."""
+        with self._lock:
+            hit = self._items.pop(key, None)
+        if hit is None:
+            return None
+        if self.on_evict is not None:
+            self.on_evict(key, hit[1])
+        return hit[1]
+
+    def keys(self) -> list[Hashable]:
+        """The keys, least recently used first (a copy)."""
+        with self._lock:
+            return list(self._items)
 
     def get_or_make(self, key: Hashable, make: Callable[[], Any], *owners: Any) -> Any:
         """The cached value, or ``make()`` stored and returned (``make`` runs outside the lock)."""
@@ -51,7 +75,11 @@ class IdentityLRU:
 
     def clear(self) -> None:
         with self._lock:
+            items = list(self._items.items())
             self._items.clear()
+        if self.on_evict is not None:
+            for k, (_, v) in items:
+                self.on_evict(k, v)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -465,7 +465,10 @@ def _scalar(value: Any) -> str:
 
 
 def _probe_cpu() -> tuple[int, int, int, str]:
-    """(usable logical CPUs, usable physical cores, sockets, model name)."""
+    """(usable logical CPUs, usable physical cores, sockets, model name).
+
+    The one reader of ``/proc/cpuinfo`` (psutil counts cores but does not say
+    which core of which socket a CPU is, which the affinity-aware count needs)."""
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -491,14 +494,18 @@ def _probe_cpu() -> tuple[int, int, int, str]:
     return len(allowed), physical, max(1, len(sockets)), model
 
 
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, read by :func:`_probe_cpu`), else ``platform.processor()``."""
+    return _probe_cpu()[3]
+
+
 def _probe_memory_gb() -> float:
+    import psutil
+
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return 0.0
+        return psutil.virtual_memory().total / 1024**3
+    except (psutil.Error, OSError):
+        return 0.0
 
 
 def _probe_gpus() -> list[tuple[str, float]]:

@@ -3,7 +3,7 @@
 One place decides the planning model for every command and benchmark
 (:func:`planning_model`): on a real backend, the model fitted to this
 machine's cached profiles joined to the backend's runtime model fitted by
-``opsched profile`` (:class:`~opsched.backends.runtime.PlanningModel`); the
+``opsched profile`` (:class:`~opsched.engine.models.runtime.PlanningModel`); the
 analytic model when nothing is cached or on the simulator's presets.  A
 profile measured while other processes used the cores is not used: it is
 skipped with a :class:`LoadWarning` naming it (profile again on a quieter
@@ -29,8 +29,6 @@ PERF_MODELS = ("auto", "analytic", "fitted")
 #: A profile whose ops were measured while other processes used more than this
 #: many cores (median over ops) is not planned with.
 LOADED_PROFILE_CORES = 0.25
-#: Real backends with a runtime model that ``opsched profile`` fits.
-RUNTIME_BACKENDS = ("torch-cpu", "ort")
 
 
 class LoadWarning(UserWarning):
@@ -38,9 +36,10 @@ class LoadWarning(UserWarning):
 
 
 def default_cache_dir() -> Path:
-    from opsched.backends.profiler import DEFAULT_CACHE_DIR
+    """The profile folder planning reads by default (:func:`opsched.cache.profiles_dir`)."""
+    from opsched.cache import profiles_dir
 
-    return Path(DEFAULT_CACHE_DIR)
+    return profiles_dir()
 
 
 def quiet_profiles(machine: Machine, cache_dir: str | Path | None = None) -> list[Any]:
@@ -48,7 +47,7 @@ def quiet_profiles(machine: Machine, cache_dir: str | Path | None = None) -> lis
     load (each skipped one is named in a :class:`LoadWarning`)."""
     import statistics
 
-    from opsched.backends.profiler import load_profiles
+    from opsched.engine.profiles import load_profiles
 
     out = []
     for prof in load_profiles(None, cache_dir or default_cache_dir()):
@@ -73,18 +72,20 @@ def planning_model(machine: Machine, backend: str = "torch-cpu", choice: str = "
     one); ``auto`` (``fitted`` when there are profiles and the backend is
     real, else ``analytic`` - so the simulator's preset figures do not depend
     on what happens to be cached)."""
-    from opsched.backends.perfmodel import AnalyticModel
+    from opsched.backends.registry import ORT_PROFILES, spec
+    from opsched.engine.models.analytic import AnalyticModel
 
     if choice not in PERF_MODELS:
         raise OpschedError(f"--perf-model must be one of {', '.join(PERF_MODELS)}, got {choice!r}")
-    if choice == "analytic" or (choice == "auto" and backend == "sim"):
+    be = spec(backend)
+    if choice == "analytic" or (choice == "auto" and not be.real) or be.profiles is None:
         return AnalyticModel()
-    from opsched.backends.fitted import FittedModel
-    from opsched.backends.runtime import PlanningModel
     from opsched.backends.runtime_fit import load_runtime
+    from opsched.engine.models.fitted import FittedModel
+    from opsched.engine.models.runtime import PlanningModel
 
     cache = cache_dir or default_cache_dir()
-    if backend == "ort":  # ONNX Runtime's kernel profiles live apart from PyTorch's op profiles
+    if be.profiles == ORT_PROFILES:  # ONNX Runtime's kernel profiles live apart from PyTorch's op profiles
         from opsched.backends.ort_profiler import ort_cache_dir
 
         profiles = quiet_profiles(machine, ort_cache_dir(cache))
@@ -92,12 +93,12 @@ def planning_model(machine: Machine, backend: str = "torch-cpu", choice: str = "
         profiles = quiet_profiles(machine, cache)
     if not profiles:
         if choice == "fitted":
-            how = " --backend ort" if backend == "ort" else ""
+            how = f" --backend {backend}" if be.profiles == ORT_PROFILES else ""
             raise OpschedError(f"--perf-model fitted: no usable profiles of this machine ({machine.fingerprint()}) "
                                f"in {cache}; run `opsched profile zoo:resnet50{how}` (or your model) first")
         return AnalyticModel()
     fitted = FittedModel(profiles)
-    runtime = load_runtime(machine, backend, cache) if backend in RUNTIME_BACKENDS else None
+    runtime = load_runtime(machine, backend, cache) if be.runtime_model else None
     return PlanningModel(fitted, runtime) if runtime is not None else fitted
 
 

@@ -1,145 +1,158 @@
-"""What ``opsched apply`` measures: a policy's schedule of a model against the
+"""What ``opsched apply`` measures: a policy's schedule of a network against the
 framework's own execution and critical-path-first, on this machine, for real.
 
-:func:`run_apply` loads the model spec, schedules it twice with
-:func:`opsched.apply` (the policy and critical-path-first; each checked once
-against eager execution), and times every configuration with
-:func:`opsched.timing.interleave` (warm-up, interleaved rounds, medians, the
-load they ran under).  References: eager PyTorch for a torch model;
-TensorFlow's own settings (``tf-default``) and the recommended ones
-(``tf-recommended``) for a Keras model; on the ``ort`` backend, ONNX
-Runtime's sequential execution at its default threads (``ort-sequential``,
-the row speed-ups are relative to) and, for a torch model, eager PyTorch.  The result is plain JSON-ready data;
-the command only formats it.
+:func:`run_apply` resolves the policy (a broken policy file fails here, before
+any import), loads the model spec, imports it once for its backend
+(:func:`opsched.scheduled.prepare`), schedules it with critical-path-first and
+with the policy (:func:`opsched.scheduled.schedule`, each planned once and
+checked once against the reference), and times every configuration with
+:func:`opsched.timing.interleave`: warm-up, interleaved rounds, each timed
+call only after the previous one's threads went quiet
+(:func:`opsched.timing.settle`: ONNX Runtime's and OpenMP's spinning threads,
+measured), medians, the load they ran under.  The configurations are the
+adapter's own (eager PyTorch; TensorFlow's default and recommended settings;
+ONNX Runtime's sequential session, and eager PyTorch for an exported module),
+then critical-path-first and the policy.  Speed-ups are relative to the first
+row; a speed-up is *real* only when the per-round ratios say so
+(:attr:`ConfigResult.verdict`: ``faster`` when the time ratio's upper
+quartile is below :data:`SAME_BAND` below 1, ``slower`` symmetric, ``same``
+otherwise).  The result is an :class:`ApplyResult`; the command only formats it.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opsched.adapters.base import Config, FallbackReason, ScheduleFallbackWarning, describe_plan
 from opsched.errors import OpschedError
-from opsched.timing import interleave, wall_clock
+from opsched.timing import interleave
 
-#: A configuration to time (one call, returning its seconds) and its plan in words.
-Config = tuple[Callable[[], float], str]
-
-
-def plan_summary(plan: Any) -> str:
-    """Threads used and how many ops wait for another, in a few words."""
-    if plan is None:
-        return "-"
-    threads = sorted({a.threads for a in plan.assignments.values()})
-    waits = sum(1 for a in plan.assignments.values() if a.after)
-    return f"threads {'/'.join(map(str, threads))}" + (f", {waits} holds" if waits else "")
+#: Per-round time ratios within this band of 1 (at the quartiles) are "the same speed".
+SAME_BAND = 0.02
 
 
-def _ort_references(loaded: Any, fast: Any) -> tuple[dict[str, Config], dict[str, bool]]:
-    """ONNX Runtime's sequential session at its default threads (the exported
-    model for a torch model) and eager PyTorch for a torch model; outputs
-    checked against the scheduled run's reference like a plan's."""
-    from opsched.backends.ort_apply import EXPORT_ATOL, EXPORT_RTOL, reference_session, run_reference
-    from opsched.scheduled import outputs_equal
+@dataclass(frozen=True)
+class ConfigResult:
+    """One timed configuration of ``opsched apply``."""
 
-    graph = fast.graph
-    sess = reference_session(graph)
-    feeds = dict(zip(graph.source.inputs, graph.source.check_inputs(fast.example_inputs), strict=True))
-    names = list(graph.source.outputs)
-    seq = run_reference(sess, graph, fast.example_inputs)
-    configs: dict[str, Config] = {"ort-sequential": (wall_clock(lambda: sess.run(names, feeds)),
-                                                     "ONNX Runtime sequential, default threads")}
-    same = {"ort-sequential": True}
-    if loaded.framework == "torch":
-        import torch
-
-        module, inputs = loaded.model, loaded.inputs
-
-        def eager() -> float:
-            with torch.no_grad():
-                return wall_clock(lambda: module(*inputs))()
-
-        configs["eager"] = (eager, f"torch default ({torch.get_num_threads()} threads)")
-        with torch.no_grad():
-            want = [x.detach().numpy() for x in torch.utils._pytree.tree_leaves(module(*inputs))]
-        same["eager"] = same["ort-sequential"] = outputs_equal(seq, want, EXPORT_RTOL, EXPORT_ATOL)
-    return configs, same
+    config: str
+    plan: str
+    median_s: float
+    q1_s: float
+    q3_s: float
+    min_s: float
+    max_s: float
+    #: the reference row's median over this row's (> 1: this row is faster)
+    speedup: float
+    #: quartiles of this row's time over the reference row's, round by round
+    ratio_q1: float
+    ratio_q3: float
+    #: ``faster`` / ``slower`` / ``same`` than the reference, by the per-round ratios (see SAME_BAND)
+    verdict: str
+    outputs_equal_eager: bool
+    #: median seconds :func:`opsched.timing.settle` waited for the previous call's threads before each call
+    settle_s: float
 
 
-def _references(loaded: Any, fast: Any, machine: Any, be: Any) -> tuple[dict[str, Config], dict[str, bool]]:
-    """The framework's own execution: eager PyTorch, or TensorFlow at its default
-    and recommended thread settings (whose outputs are checked like a plan's)."""
-    if getattr(be, "name", "") == "ort":
-        return _ort_references(loaded, fast)
-    if loaded.framework == "torch":
-        import torch
+@dataclass(frozen=True)
+class ApplyResult:
+    """Everything ``opsched apply`` measured (``apply.json`` is :meth:`to_dict`)."""
 
-        module, inputs = loaded.model, loaded.inputs
+    model: str
+    framework: str
+    backend: str
+    reference: str
+    batch: int
+    width: float
+    graph: str
+    n_ops: int
+    machine: str
+    cores: int
+    perf_model: str
+    policy: str
+    plan_s: float | None
+    chosen: str | None
+    measured: dict[str, float] | None
+    coarsened: bool
+    repeats: int
+    warmup: int
+    rows: list[ConfigResult]
+    fallbacks: dict[str, str]
+    load: dict[str, Any]
+    load_warning: str | None
+    policy_vs_cpf: float
+    policy_row: str
+    note: str | None = None
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
 
-        def eager() -> float:
-            with torch.no_grad():
-                return wall_clock(lambda: module(*inputs))()
+    def row(self, config: str) -> ConfigResult:
+        for r in self.rows:
+            if r.config == config:
+                return r
+        raise KeyError(config)
 
-        return {"eager": (eager, f"torch default ({torch.get_num_threads()} threads)")}, {"eager": True}
-    from opsched.backends.tf_cpu import tf_default, tf_recommended
-    from opsched.scheduled import TF_ATOL, TF_RTOL, keras_eager, outputs_equal
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
-    graph, feeds = fast.graph, list(fast.example_inputs)
-    want = keras_eager(loaded.model, feeds)
-    configs, same = {}, {}
-    for name, st in (("tf-default", tf_default()), ("tf-recommended", tf_recommended(machine))):
-        desc = f"{'TF picks: ' if st.inter == st.intra == 0 else ''}inter={st.inter}, intra={st.intra}"
-        configs[name] = (lambda st=st: be.measure(graph, st, repeats=1, warmup=0, inputs=feeds)[0], desc)
-        same[name] = outputs_equal(be.execute_settings(graph, st, feeds), want, TF_RTOL, TF_ATOL)
-    return configs, same
+
+def _verdict(q1: float, q3: float) -> str:
+    if q3 < 1.0 - SAME_BAND:
+        return "faster"
+    if q1 > 1.0 + SAME_BAND:
+        return "slower"
+    return "same"
 
 
 def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "auto", batch: int = 1,
               width: float = 1.0, repeats: int = 10, warmup: int = 2, plan_file: Path | None = None,
               save_plan: Path | None = None, perf_model: str = "auto",
               on_call: Callable[[int, int], None] | None = None, runtime: Any = None,
-              measure: int | None = None) -> dict[str, Any]:
+              measure: int | None = None) -> ApplyResult:
     """Everything ``opsched apply`` does, returning the figures (see the module docstring).
 
     ``runtime``: an open backend to reuse (its machine is the one planned for);
     by default the process's shared backend for this machine's CPU.
     ``measure``: candidate plans of a learned policy timed before choosing
     (``opsched.apply``'s ``measure``; None: its default)."""
-    import warnings
-
+    from opsched.measured import DEFAULT_TOP
     from opsched.plan import Plan
-    from opsched.planning import describe, planning_model
-    from opsched.scheduled import ScheduleFallbackWarning, apply, resolve_backend, shared_backend
-    from opsched.specs import load_machine, load_model
+    from opsched.planning import describe, resolve_policy
+    from opsched.scheduled import AUTO, framework_of, prepare, resolve_backend, schedule
+    from opsched.specs import load_model, onnx_graph_of
 
     if batch < 1 or width <= 0 or repeats < 1 or warmup < 0:
         raise OpschedError("apply: --batch and --repeats must be >= 1, --width > 0, --warmup >= 0")
-    loaded = load_model(model_spec, batch, width)
-    name = resolve_backend(backend, loaded.framework, repr(model_spec))
-    machine = (runtime.machine if runtime is not None else load_machine("local")).cpu_only()
-    if name == "ort":  # import once, from the export cache for a torch spec (apply then reuses the graph)
-        from opsched.backends.ort_apply import remember
-        from opsched.specs import onnx_graph_of
-
-        try:
-            remember(loaded.model, loaded.inputs, onnx_graph_of(loaded, width), loaded.batch)
-        except OpschedError:
-            if backend != "auto" or loaded.framework != "torch":
-                raise
-            name = "torch-cpu"  # auto: the export does not work; the PyTorch runtime schedules the module
-    model = planning_model(machine, name, perf_model)
     saved = Plan.load(plan_file) if plan_file is not None else None
-
+    pol = resolve_policy(policy) if saved is None else None  # a broken policy file: an error now, not after an import
+    loaded = load_model(model_spec, batch, width)
+    framework = framework_of(loaded.model)
+    names = resolve_backend(backend, framework, repr(model_spec)) if runtime is None else (runtime.name,)
+    graph = None
+    if names[0] == "ort" and loaded.framework == "torch":  # the export cache, keyed by the spec
+        try:
+            graph = onnx_graph_of(loaded, width)
+        except OpschedError:
+            if backend != AUTO:
+                raise
+    prepared = prepare(loaded.model, loaded.inputs, backend=runtime if runtime is not None else backend,
+                       perf_model=perf_model, batch=loaded.batch, graph=graph)
+    if prepared.graph is None:
+        raise OpschedError(f"apply: {prepared.fallback}")
+    top = DEFAULT_TOP if measure is None else measure
     fallbacks: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     scheduled = {}
-    for key, pol, plan in (("critical-path-first", "critical-path-first", None), ("policy", policy, saved)):
+    for key, p, plan in (("critical-path-first", "critical-path-first", None), ("policy", pol, saved)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleFallbackWarning)
-            extra = {} if measure is None else {"measure": measure}
-            sm = apply(pol, loaded.model, loaded.inputs, backend=name, machine=machine, perf_model=model,
-                       plan=plan, runtime=runtime, batch=loaded.batch, **extra)
-        if not sm.scheduled:
-            fallbacks[key] = sm.fallback_reason or "; ".join(str(w.message) for w in caught)
+            sm = schedule(prepared, p, plan=plan, measure=top if key == "policy" else 0)
+        if sm.fallback is not None:
+            fallbacks[key] = sm.fallback.detail or "; ".join(str(w.message) for w in caught)
+            reasons[key] = sm.fallback.reason.value
         scheduled[key] = sm
     fast = scheduled["policy"]
     if saved is not None:
@@ -150,44 +163,49 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
         policy_desc = str(getattr(fast.policy, "folder", getattr(fast.policy, "name", policy)))
     if save_plan is not None and fast.plan is not None:
         fast.plan.save(save_plan)
-    if fast.graph is None:
-        raise OpschedError(f"apply: {fallbacks.get('policy', 'the model cannot be scheduled')}")
 
-    be = runtime if runtime is not None else shared_backend(name, machine)
-    configs, same = _references(loaded, fast, machine, be)
-    inputs = loaded.inputs if loaded.framework == "torch" else fast.example_inputs
-    if name == "ort":
-        inputs = fast.example_inputs
+    graph = prepared.graph
+    be = prepared.open_backend()
+    adapter = prepared.adapter
+    configs: dict[str, Config] = dict(adapter.configs(graph, prepared.feeds, be, prepared.machine))
     for key, sm in (("critical-path-first", scheduled["critical-path-first"]), (label, fast)):
-        configs[key] = (lambda sm=sm: sm.time_call(*inputs), plan_summary(sm.plan) if sm.scheduled
-                        else f"eager (fallback: {sm.fallback_reason})")
-        # opsched.apply checked the scheduled outputs against eager; a mismatch made it fall back
-        same[key] = "differ from" not in (sm.fallback_reason or "")
-    if name == "ort":  # ONNX Runtime's intra-op threads spin for a while after a run: time each call as alone
-        from opsched.backends.ort_apply import after_gap
-
-        configs = {k: (after_gap(fn), desc) for k, (fn, desc) in configs.items()}
+        # the pipeline checked the scheduled outputs once against the reference; a mismatch made it fall back
+        same = sm.fallback is None or sm.fallback.reason is not FallbackReason.OUTPUTS_DIFFER
+        configs[key] = Config(adapter.timer(sm, prepared.feeds),
+                              describe_plan(sm.plan) if sm.scheduled else f"eager (fallback: {sm.fallback_reason})",
+                              same)
     worker_pids = getattr(be, "worker_pids", None)
-    timings = interleave({k: c[0] for k, c in configs.items()}, warmup, repeats,
+    timings = interleave({k: c.timer for k, c in configs.items()}, warmup, repeats,
                          pids=worker_pids() if callable(worker_pids) else (), on_call=on_call)
 
+    import statistics
+
     reference = next(iter(configs))
+    ratios = timings.ratios(reference)
     rows = []
-    for key in configs:
-        st = timings.stats(key)
-        rows.append({"config": key, "median_s": st["median"], "q1_s": st["q1"], "q3_s": st["q3"],
-                     "min_s": st["min"], "max_s": st["max"], "speedup": timings.median(reference) / st["median"],
-                     "outputs_equal_eager": bool(same[key]), "plan": configs[key][1]})
-    return {
-        "model": model_spec, "framework": loaded.framework, "backend": name, "reference": reference,
-        "batch": batch, "width": width, "graph": fast.graph.name, "n_ops": len(fast.graph.ops),
-        "machine": machine.name, "cores": machine.cpu.cores, "perf_model": describe(model), "policy": policy_desc,
-        "plan_s": fast.plan_s, "chosen": fast.plan.meta.get("chosen") if fast.plan else None,
-        "measured": fast.plan.meta.get("measured") if fast.plan else None, "coarsened": bool(fast.plan.meta.get("coarsened", False)) if fast.plan else False,
-        "repeats": repeats, "warmup": warmup, "rows": rows, "fallbacks": fallbacks, "load": timings.load_record(),
-        "load_warning": timings.warning(),
-        "policy_vs_cpf": timings.median("critical-path-first") / timings.median(label),
-    }
+    for key, cfg in configs.items():
+        st, rt = timings.stats(key), ratios[key]
+        rows.append(ConfigResult(
+            config=key, plan=cfg.description, median_s=st["median"], q1_s=st["q1"], q3_s=st["q3"], min_s=st["min"],
+            max_s=st["max"], speedup=timings.median(reference) / st["median"], ratio_q1=rt["q1"], ratio_q3=rt["q3"],
+            verdict="reference" if key == reference else _verdict(rt["q1"], rt["q3"]),
+            outputs_equal_eager=bool(cfg.outputs_equal),
+            settle_s=float(statistics.median(timings.settle_s.get(key, [0.0])))))
+    meta = fast.plan.meta if fast.plan is not None else {}
+    return ApplyResult(
+        model=model_spec, framework=loaded.framework, backend=prepared.backend_name, reference=reference,
+        batch=batch, width=width, graph=graph.name, n_ops=len(graph.ops), machine=prepared.machine.name,
+        cores=prepared.machine.cpu.cores, perf_model=describe(prepared.perf_model), policy=policy_desc,
+        plan_s=fast.plan_s, chosen=meta.get("chosen"), measured=meta.get("measured"),
+        coarsened=bool(meta.get("coarsened", False)), repeats=repeats, warmup=warmup, rows=rows,
+        fallbacks=fallbacks, load=timings.load_record(), load_warning=timings.warning(),
+        policy_vs_cpf=timings.median("critical-path-first") / timings.median(label), policy_row=label,
+        note=adapter.note(), fallback_reasons=reasons)
 
 
-__all__ = ["plan_summary", "run_apply"]
+def plan_summary(plan: Any) -> str:
+    """Threads used and how many ops wait for another, in a few words."""
+    return describe_plan(plan)
+
+
+__all__ = ["SAME_BAND", "ApplyResult", "ConfigResult", "plan_summary", "run_apply"]

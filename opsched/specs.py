@@ -42,7 +42,7 @@ ONNX models import through :func:`opsched.importers.onnx_graph.from_onnx`:
 the graph ONNX Runtime runs after its optimisations, with an executable
 ``OnnxSource``.  :func:`load_onnx_graph` gives that graph for a torch spec too
 (the module exported with ``torch.onnx.export``, cached under
-``runs/onnx_cache`` by model, size, seed and the sources that built it).
+the per-user cache (:mod:`opsched.cache`) by model, size, seed and the sources that built it).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _load_py_factory(path: Path, factory: str) -> Any:
     return fn
 
 
-def _is_keras(obj: Any) -> bool:
+def is_keras(obj: Any) -> bool:
     """A Keras model (Keras 3 or tf_keras), detected without importing TensorFlow."""
     roots = {"keras", "tf_keras"}
     return hasattr(obj, "inputs") and any(
@@ -170,8 +170,8 @@ def _call_factory(fn: Any, where: str, batch: int, width: float, seed: int) -> t
     except Exception as exc:
         raise ModelImportError(f"{where}(batch={batch}) raised {type(exc).__name__}: {exc}") from exc
     pair = isinstance(result, tuple) and len(result) == 2
-    if _is_keras(result) or (pair and _is_keras(result[0])):
-        model, inputs = (result, None) if _is_keras(result) else result
+    if is_keras(result) or (pair and is_keras(result[0])):
+        model, inputs = (result, None) if is_keras(result) else result
         if inputs is not None:
             import numpy as np
 
@@ -369,7 +369,7 @@ def load_onnx_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0
     """The graph ONNX Runtime runs for a model spec (the ``ort`` backend's graph):
     an ``.onnx`` file as it is, a torch model (zoo or ``.py``) exported with
     ``torch.onnx.export`` first - cached under ``cache_dir`` (default
-    ``runs/onnx_cache``) by the spec, size, seed and the sources that built
+    the per-user cache's ``onnx/``) by the spec, size, seed and the sources that built
     the model.  :class:`~opsched.errors.ModelImportError` when the export fails."""
     return onnx_graph_of(load_model(spec, batch, width, seed), width, seed, opt_level=opt_level, cache_dir=cache_dir)
 
@@ -377,7 +377,7 @@ def load_onnx_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0
 def onnx_graph_of(loaded: LoadedModel, width: float = 1.0, seed: int = 0, *, opt_level: str = "all",
                   cache_dir: str | Path | None = None) -> OpGraph:
     """:func:`load_onnx_graph` of an already loaded model (``width`` and ``seed`` it was loaded with)."""
-    from opsched.importers.onnx_graph import DEFAULT_EXPORT_DIR, from_onnx, from_torch_via_onnx
+    from opsched.importers.onnx_graph import from_onnx, from_torch_via_onnx
 
     spec = loaded.spec
     if loaded.framework == "onnx":
@@ -386,7 +386,7 @@ def onnx_graph_of(loaded: LoadedModel, width: float = 1.0, seed: int = 0, *, opt
         raise ModelImportError(f"model spec {spec!r} is a {loaded.framework} model; ONNX Runtime runs ONNX files "
                                "and PyTorch models (exported to ONNX)")
     return from_torch_via_onnx(loaded.model, loaded.inputs, name=loaded.name, key=onnx_export_key(loaded, width, seed),
-                               cache_dir=DEFAULT_EXPORT_DIR if cache_dir is None else cache_dir, opt_level=opt_level)
+                               cache_dir=cache_dir, opt_level=opt_level)
 
 
 def onnx_export_key(loaded: LoadedModel, width: float = 1.0, seed: int = 0) -> str | None:

@@ -28,54 +28,98 @@ LOADED_CORES = 0.3
 class ContentionMeter:
     """How many cores *other* processes used while we measured.
 
-    ``/proc/stat`` (all CPUs) minus ``/proc/self/stat`` (this process) over the
-    measurement gives the other processes' load.  ``children=True`` also counts
-    this process's children that ended and were waited for during the
-    measurement as ours; ``pids``: other live processes that work for us (a
-    backend's worker processes).  Returns 0 where /proc is missing (not Linux)."""
-
-    _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    All CPUs' busy time (:func:`psutil.cpu_times`) minus this process's
+    (:meth:`psutil.Process.cpu_times`) over the measurement gives the other
+    processes' load.  ``children=True`` also counts this process's children
+    that ended and were waited for during the measurement as ours; ``pids``:
+    other live processes that work for us (a backend's worker processes).
+    Reads 0 where psutil cannot read the counters."""
 
     def __init__(self, children: bool = False, pids: Iterable[int] = ()) -> None:
         self.children = children
         self.pids = tuple(pids)
         self.others_cores = 0.0
 
-    @staticmethod
-    def _proc_ticks(path: str, children: bool) -> int:
-        with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime + stime
-        if children:
-            ticks += int(fields[13]) + int(fields[14])  # cutime + cstime: waited-for children
-        return ticks
+    def _seconds(self) -> tuple[float, float] | None:
+        import psutil
 
-    def _jiffies(self) -> tuple[int, int] | None:
         try:
-            with open("/proc/stat") as f:
-                vals = [int(x) for x in f.readline().split()[1:]]
-            own = self._proc_ticks("/proc/self/stat", self.children)
-        except (OSError, ValueError, IndexError):
+            t = psutil.cpu_times()
+            busy = sum(t) - t.idle - getattr(t, "iowait", 0.0)  # steal counts: another VM ran
+            me = psutil.Process().cpu_times()
+            own = me.user + me.system + ((me.children_user + me.children_system) if self.children else 0.0)
+        except (psutil.Error, OSError):
             return None
         for pid in self.pids:
             try:
-                own += self._proc_ticks(f"/proc/{pid}/stat", False)
-            except (OSError, ValueError, IndexError):
+                w = psutil.Process(pid).cpu_times()
+                own += w.user + w.system
+            except (psutil.Error, OSError):
                 pass  # a worker that ended: its time is gone from both counts alike
-        busy = sum(vals[:8]) - vals[3] - vals[4]  # all but idle and iowait (steal counts: another VM ran)
         return busy, own
 
     def __enter__(self) -> ContentionMeter:
-        self._t0, self._j0 = time.perf_counter(), self._jiffies()
+        self._t0, self._j0 = time.perf_counter(), self._seconds()
         self.others_cores = 0.0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        j1, wall = self._jiffies(), time.perf_counter() - self._t0
+        j1, wall = self._seconds(), time.perf_counter() - self._t0
         if self._j0 is None or j1 is None or wall <= 0:
             return
         others = (j1[0] - self._j0[0]) - (j1[1] - self._j0[1])
-        self.others_cores = max(0.0, others / self._HZ / wall)
+        self.others_cores = max(0.0, others / wall)
+
+
+#: :func:`settle` polls in windows of this length, and calls the process quiet when its
+#: other threads used less than :data:`QUIET_SHARE` of one core over two windows in a row.
+SETTLE_WINDOW_S, QUIET_SHARE = 0.002, 0.1
+#: The longest :func:`settle` waits (a process whose threads never sleep, e.g. a busy worker pool).
+SETTLE_MAX_S = 1.0
+
+
+def settle(pids: Sequence[int] = (), max_wait_s: float = SETTLE_MAX_S) -> float:
+    """Wait until the threads this process started, and the processes ``pids``, stop using the CPU;
+    return the seconds waited.
+
+    Runtimes leave threads spinning after a call: ONNX Runtime's intra-op
+    pools spin about 45 ms on this VM, OpenMP's teams for ``KMP_BLOCKTIME`` /
+    ``GOMP_SPINCOUNT``, TensorFlow's Eigen pools a while.  A configuration timed
+    while the previous one's threads still spin loses the cores to them (the
+    ``ort`` rows of ``opsched apply`` read 1.36x where there was nothing).  So
+    rather than pausing for a guessed gap, this measures: it sleeps in short
+    windows and reads this process's CPU time (every thread but the sleeping
+    caller) and each pid's, and returns once two windows in a row used less
+    than :data:`QUIET_SHARE` of a core -- the spin, measured, then gone."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except (psutil.Error, OSError):
+            pass
+
+    def used() -> float:
+        total = time.process_time()
+        for pr in procs:
+            try:
+                c = pr.cpu_times()
+                total += c.user + c.system
+            except (psutil.Error, OSError):
+                pass
+        return total
+
+    t0 = time.perf_counter()
+    quiet, last = 0, used()
+    while quiet < 2 and time.perf_counter() - t0 < max_wait_s:
+        w0 = time.perf_counter()
+        time.sleep(SETTLE_WINDOW_S)
+        now = used()
+        busy = (now - last) / max(time.perf_counter() - w0, 1e-9)
+        last = now
+        quiet = quiet + 1 if busy < QUIET_SHARE else 0
+    return time.perf_counter() - t0
 
 
 def wait_quiet(max_wait_s: float, limit: float = LOADED_CORES, window_s: float = 1.0, windows: int = 1,
@@ -106,15 +150,10 @@ def loadavg() -> tuple[float, float, float] | None:
 
 
 def cpu_model() -> str:
-    """The CPU's model name as the OS reports it (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+    """The CPU's model name as the OS reports it (:func:`opsched.machine.cpu_model_name`)."""
+    from opsched.machine import cpu_model_name
+
+    return cpu_model_name()
 
 
 def usable_cpus() -> int:
@@ -156,6 +195,8 @@ class Timings:
 
     samples: dict[str, list[float]]
     others_cores: list[float] = field(default_factory=list)   # per round
+    #: per configuration, the seconds :func:`settle` waited before each of its timed calls
+    settle_s: dict[str, list[float]] = field(default_factory=dict)
     loadavg_start: tuple[float, float, float] | None = None
     loadavg_end: tuple[float, float, float] | None = None
 
@@ -202,14 +243,19 @@ class Timings:
 
 
 def interleave(configs: Mapping[str, Callable[[], float]], warmup: int = 2, repeats: int = 10, *,
-               pids: Sequence[int] = (), on_call: Callable[[int, int], None] | None = None) -> Timings:
+               pids: Sequence[int] = (), on_call: Callable[[int, int], None] | None = None,
+               quiet: bool = True) -> Timings:
     """Time every configuration (a callable returning the seconds of one call,
     measured however its runtime measures it): ``warmup`` untimed calls each,
     then ``repeats`` rounds round-robin, rotated by one each round.
 
-    ``pids``: worker processes the configurations run in (their CPU time is
-    not counted as other processes' load).  ``on_call(done, total)`` after
-    every call, warm-up calls included: progress bars."""
+    ``quiet``: before every timed call, wait until the threads of the call
+    before have gone quiet (:func:`settle`; the waits are recorded in
+    ``Timings.settle_s``), so no configuration is timed against another's
+    spinning threads.  ``pids``: worker processes the configurations run in
+    (their CPU time is not counted as other processes' load, and counts as
+    ours for :func:`settle`).  ``on_call(done, total)`` after every call,
+    warm-up calls included: progress bars."""
     if warmup < 0 or repeats < 1:
         raise ValueError(f"interleave: warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
     names = list(configs)
@@ -225,6 +271,8 @@ def interleave(configs: Mapping[str, Callable[[], float]], warmup: int = 2, repe
         with ContentionMeter(children=True, pids=pids) as meter:
             for j in range(len(names)):
                 name = names[(j + k) % len(names)]
+                if quiet:
+                    out.settle_s.setdefault(name, []).append(settle(pids))
                 out.samples[name].append(float(configs[name]()))
                 done += 1
                 if on_call is not None:
@@ -281,4 +329,4 @@ def wall_clock(fn: Callable[[], Any]) -> Callable[[], float]:
 
 
 __all__ = ["LOADED_CORES", "Clocked", "ContentionMeter", "Timings", "clocked", "cpu_model", "geomean",
-           "host_record", "interleave", "loadavg", "summary", "usable_cpus", "wait_quiet", "wall_clock"]
+           "host_record", "interleave", "loadavg", "settle", "summary", "usable_cpus", "wait_quiet", "wall_clock"]

@@ -1,66 +1,64 @@
 """Schedulers: every decision-maker is a policy, and every policy produces a Plan.
 
 A policy is an object with a ``name`` and ``plan(graph, machine, model=None)
--> Plan`` (:class:`~opsched.policies.base.Policy`).  The registry here names
-the heuristic baselines, the Optuna search and -- through :func:`load` -- the
-exported learned policy, so ``opsched compare`` and the Python API pick any of
-them the same way::
+-> Plan`` (:class:`~opsched.policies.base.Policy`).  Heuristics register
+themselves with their roles (:mod:`opsched.policies.registry`); the exported
+learned policy is loaded from its folder (:func:`load`).  ``opsched compare``,
+training, the benchmarks and the Python API pick any of them the same way::
 
     from opsched.policies import get_policy
     plan = get_policy("critical-path-first").plan(graph, machine)
 
-``"all"`` expands to every heuristic (:data:`HEURISTICS`) and ``learned``, the
-policy shipped with opsched; ``search`` is left out of ``all`` because it
-spends a trial budget of simulations per graph.
+``"all"`` expands to every baseline and control heuristic (sequential first)
+and ``learned``, the policy shipped with opsched; policies without a role
+(``search``, which spends a trial budget of simulations per graph, and the
+ONNX Runtime lane planner) are named explicitly.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from opsched.errors import PolicyError
 from opsched.policies.base import Policy, timed_plan
-
-#: name -> "module:Class", imported on first use.
-POLICIES: dict[str, str] = {
-    "sequential": "opsched.policies.heuristics:Sequential",
-    "tf-default": "opsched.policies.heuristics:TFDefault",
-    "tf-recommended": "opsched.policies.heuristics:TFRecommended",
-    "critical-path-first": "opsched.policies.cpf:CriticalPathFirst",
-    "heft": "opsched.policies.heft:HeftPolicy",
-    "maestro": "opsched.policies.maestro:Maestro",
-    "random": "opsched.policies.heuristics:RandomPolicy",
-    "search": "opsched.policies.search:OptunaSearch",
-}
-#: What ``"all"`` means: every heuristic baseline, sequential first (the reference).
-HEURISTICS: tuple[str, ...] = (
-    "sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro", "random",
+from opsched.policies.registry import (
+    BASELINE,
+    CONTROL,
+    HINT,
+    TEACHER,
+    canonical,
+    entries,
+    entry,
+    names,
+    register,
 )
-ALIASES: dict[str, str] = {"cpf": "critical-path-first", "graphi": "critical-path-first", "eager": "sequential",
-                           "pretrained": "learned"}
+
 #: The name of the exported policy shipped with opsched (``policies/pretrained``).
 LEARNED = "learned"
+_LEARNED_ALIASES = ("pretrained",)
+
+
+def heuristic_names() -> tuple[str, ...]:
+    """What ``all`` means without ``learned``: the baseline and control heuristics, in listing order."""
+    return tuple(e.name for e in entries() if e.roles & {BASELINE, CONTROL})
 
 
 def get_policy(name: str, **kwargs: Any) -> Policy:
     """The policy called ``name`` (keyword arguments go to its constructor), or
-    an exported learned policy when ``name`` is a path that exists."""
-    key = ALIASES.get(name, name)
-    if key == LEARNED:
+    an exported learned policy when ``name`` is ``learned`` or a path that exists."""
+    if name == LEARNED or name in _LEARNED_ALIASES:
         from opsched.policies.exported import pretrained_path
 
         return load(pretrained_path())
-    if key not in POLICIES:
+    try:
+        found = entry(name)
+    except PolicyError:
         if name and Path(name).exists():
             return load(name)
-        raise PolicyError(
-            f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, {LEARNED}, 'all', "
-            "or the path of an exported policy"
-        )
-    module, _, cls = POLICIES[key].partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+        raise PolicyError(f"unknown policy {name!r}; choose from {', '.join(names())}, {LEARNED}, 'all', "
+                          "or the path of an exported policy") from None
+    return found.make(**kwargs)
 
 
 def expand_names(spec: str) -> list[str]:
@@ -69,7 +67,13 @@ def expand_names(spec: str) -> list[str]:
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        for name in (*HEURISTICS, LEARNED) if part == "all" else (ALIASES.get(part, part),):
+        if part == "all":
+            group: tuple[str, ...] = (*heuristic_names(), LEARNED)
+        elif part in _LEARNED_ALIASES:
+            group = (LEARNED,)
+        else:
+            group = (canonical(part),)
+        for name in group:
             if name not in out:
                 out.append(name)
     if not out:
@@ -92,5 +96,5 @@ def load(path: str | Path) -> Policy:
     return _load(path)
 
 
-__all__ = ["HEURISTICS", "POLICIES", "Policy", "expand_names", "get_policies", "get_policy", "load",
-           "timed_plan"]
+__all__ = ["BASELINE", "CONTROL", "HINT", "LEARNED", "TEACHER", "Policy", "entries", "expand_names",
+           "get_policies", "get_policy", "heuristic_names", "load", "names", "register", "timed_plan"]

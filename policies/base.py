@@ -58,7 +58,7 @@ def resolve_model(model: Any = None) -> Any:
     """The given performance model, or the analytic default (imported lazily)."""
     if model is not None:
         return model
-    from opsched.backends.perfmodel import default_model
+    from opsched.engine.models.analytic import default_model
 
     return default_model()
 

@@ -27,8 +27,10 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, resolve_model
+from opsched.policies.registry import BASELINE, HINT, TEACHER, register
 
 
+@register("critical-path-first", roles=(BASELINE, HINT, TEACHER), aliases=("cpf", "graphi"), order=3)
 class CriticalPathFirst(Policy):
     """Graphi: profile the executor split, then dispatch by upward rank."""
 
@@ -52,11 +54,11 @@ class CriticalPathFirst(Policy):
         return build_plan(graph, machine, assignments, policy=self.name, device=device, threads=threads, **meta)
 
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
-        from opsched.backends.sim import SimBackend
+        from opsched.engine.sim import Simulator
 
         model = resolve_model(model)
         table = model.time_table(graph, machine)
-        sim = SimBackend(machine, model=model)
+        sim = Simulator(machine, model=model)
         profile: dict[str, float] = {}
         best: tuple[float, str, int, int] | None = None
         for device, executors, threads in self.candidate_configs(machine):

@@ -105,13 +105,25 @@ LEVELS_DOC = (f"{LEVEL_KEY}: per op and CPU thread level k, log2(t(1) / t(k)) / 
               "its columns follow node_static and node_dynamic in the input layer")
 
 
+#: The hint heuristics of every export written before ``policy.json`` recorded them.
+LEGACY_HINTS: tuple[str, ...] = ("sequential", "tf-default", "tf-recommended", "critical-path-first", "heft",
+                                 "maestro")
+#: The observation entry that names the heuristics whose best plan is the policy's hint.
+HINTS_KEY = "hint_heuristics"
+
+
 def observation_spec(max_nodes: int, max_edges: int, levels: int = 0) -> dict[str, Any]:
     """The observation layout a policy was trained on (checked at load time).
 
     ``levels``: columns of ``node_levels`` the policy reads (0: none; older
-    exports lack the entry and read none)."""
+    exports lack the entry and read none).  ``hint_heuristics``: the registry's
+    ``hint`` heuristics (:func:`opsched.policies.hints.hint_names`), whose best
+    plan fills the ``hint_*`` columns: another set is another observation."""
+    from opsched.policies.hints import hint_names
+
     return {
         "max_nodes": int(max_nodes), "max_edges": int(max_edges), LEVEL_KEY: int(levels),
+        HINTS_KEY: list(hint_names()),
         "max_devices": MAX_DEVICES, "max_levels": MAX_LEVELS,
         "static_features": list(STATIC_FEATURES), "dynamic_features": list(DYNAMIC_FEATURES),
         "hardware_features": list(HARDWARE_FEATURES), "global_features": list(GLOBAL_FEATURES),
@@ -293,6 +305,11 @@ def _read_meta(f: Path) -> dict[str, Any]:
         if obs.get(key) != mine[key]:
             raise _fail(f, f"made for another observation layout: its {key} are {obs.get(key)!r}, this opsched's "
                            f"environment has {mine[key]!r}; retrain or use a matching opsched")
+    hints = obs.get(HINTS_KEY, list(LEGACY_HINTS))
+    if hints != mine[HINTS_KEY]:
+        raise _fail(f, f"made with other hint heuristics: its observation's hint is the best plan of {hints}, "
+                       f"this opsched's hint heuristics are {mine[HINTS_KEY]} (the registry's 'hint' role); "
+                       "retrain and export the policy with this opsched, or use the opsched it was made with")
     expected = {k: list(v) for k, v in array_shapes(hidden, rounds, levels).items()}
     if shapes != expected:
         diff = sorted(set(shapes) ^ set(expected)) or sorted(k for k in shapes if shapes[k] != expected[k])
@@ -425,6 +442,8 @@ class ExportedPolicy(Policy):
         self.max_graph_ops = int(meta["machines"]["max_graph_ops"])
         self.gpus = bool(meta["machines"].get("gpus", True))
         self.layout = ActionLayout(self.max_nodes)
+        #: The heuristics whose best plan is this policy's hint (checked against the registry at load).
+        self.hints: tuple[str, ...] = tuple(meta["observation"].get(HINTS_KEY, LEGACY_HINTS))
         #: Identifies this policy's decisions (for plan caches): its whole description,
         #: which holds the arrays' hashes, its sizes and limits.
         self.digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
@@ -451,7 +470,7 @@ class ExportedPolicy(Policy):
     def planning(self) -> dict[str, Any]:
         """The plan-time search this policy runs by default (:data:`DEFAULT_PLANNING`,
         overridden by the export's ``planning`` entry)."""
-        return {**DEFAULT_PLANNING, **self.meta.get("planning", {})}
+        return {**DEFAULT_PLANNING, "candidates": list(self.hints), **self.meta.get("planning", {})}
 
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None, *, samples: int | None = None,
              candidates: Sequence[str] | None = None, temperature: float | None = None,
@@ -493,11 +512,11 @@ class ExportedPolicy(Policy):
             raise PolicyError(f"policy {self.folder}: samples and refine must be >= 0 and temperature > 0, "
                               f"got {samples}, {refine}, {temperature}")
         self.check(graph, machine)
-        from opsched.backends.sim import SimBackend
-        from opsched.policies import get_policy
-        from opsched.policies.hints import HINT_HEURISTICS, heuristic_plans
+        from opsched.engine.sim import Simulator
+        from opsched.policies.hints import heuristic_plans
+        from opsched.policies.registry import entry
 
-        heuristics = heuristic_plans(graph, machine, model)  # the hint, and the default candidates
+        heuristics = heuristic_plans(graph, machine, model, self.hints)  # the hint, and the default candidates
         hint = min(heuristics, key=lambda k: heuristics[k][1])
         try:
             data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges, heuristics[hint][0])
@@ -509,12 +528,12 @@ class ExportedPolicy(Policy):
                 plans[f"sample-{k}"] = decode(self, data, np.random.default_rng([seed, k]), temperature)
         if len(plans) == 1 and not names and not refine:
             return {"greedy": (plans["greedy"], float("nan"))}
-        sim = SimBackend(machine, model)
+        sim = Simulator(machine, model)
         spans = {k: float(sim.run(graph, p).makespan) for k, p in plans.items()}
         for name in names:
-            plan, span = heuristics[name] if name in HINT_HEURISTICS else (None, None)
+            plan, span = heuristics[name] if name in heuristics else (None, None)
             if plan is None:
-                plan = get_policy(name).plan(graph, machine, model)
+                plan = entry(name).make().plan(graph, machine, model)
                 span = float(sim.run(graph, plan).makespan)
             plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
         chosen = min(spans, key=spans.get)
@@ -557,8 +576,7 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: millisecond than further samples (the measurements: docs/learning.md).
 DEFAULT_PLANNING: dict[str, Any] = {
     "samples": 1, "temperature": 1.0, "refine": 40,
-    "candidates": ["sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro"],
-}  # the candidates are opsched.policies.hints.HINT_HEURISTICS, computed anyway for the hint
+}  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints), computed anyway for the hint
 
 
 def decode_episode(encoder: NumpyEncoder, data: Any, rng: np.random.Generator | None = None,

@@ -34,6 +34,7 @@ from opsched.graph import OpGraph, kahn_order
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, lane_after, resolve_model
+from opsched.policies.registry import BASELINE, HINT, TEACHER, register
 
 #: transfer(src task, dst task, src group, dst group) -> communication cost.
 Transfer = Callable[[int, int, int, int], float]
@@ -48,6 +49,9 @@ class HeftSchedule:
     finish: np.ndarray
     rank: np.ndarray
     order: tuple[int, ...]
+    #: per task, the tasks it follows on its processor (every processor for a wide task); without
+    #: insertion only (with insertion a task may go between two others), else empty
+    prev: tuple[tuple[int, ...], ...] = ()
 
     @property
     def makespan(self) -> float:
@@ -78,7 +82,9 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                   edges: Iterable[tuple[int, int]] | None = None, *,
                   groups: Sequence[int] | None = None, transfer: Transfer | None = None,
                   mean_comm: Mapping[tuple[int, int], float] | None = None,
-                  insertion: bool = True) -> HeftSchedule:
+                  insertion: bool = True, order: Sequence[int] | None = None,
+                  wide: Sequence[bool] | np.ndarray | None = None, segment_cost: float = 0.0,
+                  assign: Sequence[int] | None = None, tolerance: float = 0.0) -> HeftSchedule:
     """Schedule tasks ``0..n-1`` on processors ``0..p-1`` with HEFT.
 
     ``comp[i, q]``: computation cost of task ``i`` on processor ``q``.
@@ -90,6 +96,18 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
     names processor ``q``'s device (processors of one device share memory),
     ``transfer(i, j, g_i, g_j)`` gives the cost between two *different*
     devices, and ``mean_comm`` the per-edge average used for the ranks.
+
+    Options for lane schedules (the ONNX Runtime lane planner,
+    :mod:`opsched.policies.ort_lanes`; all need ``insertion=False``):
+    ``order`` -- the priority order to take tasks in (default: decreasing
+    upward rank, ties in topological order); ``wide[i]`` -- task ``i`` takes
+    every processor (it starts once all are free and ends on all of them);
+    ``segment_cost`` -- added to a task that starts a new *segment* on its
+    processor: one with an input from another processor's (non-wide) task, or
+    placed after a task another processor reads (a wide task always, when there
+    is more than one processor); ``assign[i]`` -- the processor task ``i``
+    must take (no choice); ``tolerance`` -- a processor replaces the best so
+    far only when it finishes more than this much earlier.
     """
     comp = np.asarray(comp, dtype=float)
     if comp.ndim != 2 or comp.shape[1] < 1:
@@ -122,7 +140,13 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
     # ties (also those floating-point sums create) go to the earlier task in topological order
     scale = float(rank.max()) if n and rank.max() > 0 else 1.0
     key = np.round(rank / scale, 12)
-    order = tuple(sorted(range(n), key=lambda i: (-key[i], topo_pos[i])))
+    order = tuple(sorted(range(n), key=lambda i: (-key[i], topo_pos[i]))) if order is None else tuple(order)
+    lanes_mode = wide is not None or segment_cost > 0 or assign is not None
+    if lanes_mode and insertion:
+        raise ValueError("wide tasks, segment costs and fixed assignments need insertion=False")
+    if lanes_mode:
+        return _lane_schedule(comp, pred, order, rank, group, transfer, np.zeros(n, bool) if wide is None
+                              else np.asarray(wide, bool), float(segment_cost), assign, float(tolerance))
 
     n_groups = int(group.max()) + 1 if p else 0
     proc = np.full(n, -1, dtype=int)
@@ -157,6 +181,56 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
     return HeftSchedule(proc, start, finish, rank, order)
 
 
+def _lane_schedule(comp: np.ndarray, pred: list[list[int]], order: tuple[int, ...], rank: np.ndarray,
+                   group: np.ndarray, transfer: Transfer, wide: np.ndarray, segment_cost: float,
+                   assign: Sequence[int] | None, tolerance: float) -> HeftSchedule:
+    """HEFT without insertion, with wide tasks, segment costs and fixed assignments (see :func:`heft_schedule`)."""
+    n, p = comp.shape
+    free = [0.0] * p
+    last = [-1] * p
+    proc = np.zeros(n, dtype=int)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    prev: list[tuple[int, ...]] = [()] * n
+    read_elsewhere = [False] * n
+
+    def ready_on(i: int, q: int) -> float:
+        t = 0.0
+        for j in pred[i]:
+            qj = int(proc[j])
+            r = finish[j] if (qj == q or wide[j]) else finish[j] + transfer(j, i, int(group[qj]), int(group[q]))
+            t = max(t, r)
+        return t
+
+    for i in order:
+        if wide[i] or p == 1:
+            s = max(ready_on(i, 0), *free)
+            prev[i] = tuple(x for x in set(last) if x >= 0)
+            proc[i], start[i] = 0, s
+            finish[i] = s + comp[i, 0] + (segment_cost if p > 1 else 0.0)
+            free = [float(finish[i])] * p
+            last = [i] * p
+            continue
+        best: tuple[float, int, float] | None = None
+        for q in (range(p) if assign is None else (int(assign[i]),)):
+            s = max(ready_on(i, q), free[q])
+            cut = (last[q] >= 0 and read_elsewhere[last[q]]) or any(int(proc[j]) != q and not wide[j]
+                                                                   for j in pred[i])
+            f = s + comp[i, q] + (segment_cost if cut else 0.0)
+            if best is None or f < best[0] - tolerance:
+                best = (f, q, s)
+        f, q, s = best  # type: ignore[misc]
+        for j in pred[i]:
+            if int(proc[j]) != q and not wide[j]:
+                read_elsewhere[j] = True
+        if last[q] >= 0:
+            prev[i] = (last[q],)
+        proc[i], start[i], finish[i] = q, s, f
+        free[q] = f
+        last[q] = i
+    return HeftSchedule(proc, start, finish, rank, order, tuple(prev))
+
+
 def _earliest_slot(starts: list[float], finishes: list[float], ready: float, w: float,
                    insertion: bool) -> tuple[float, int]:
     """Earliest start >= ``ready`` for a task of length ``w`` on one processor,
@@ -181,6 +255,7 @@ def _topological(n: int, pred: list[list[int]], succ: list[list[int]]) -> list[i
     return out
 
 
+@register("heft", roles=(BASELINE, HINT, TEACHER), order=4)
 class HeftPolicy(Policy):
     """HEFT on an OpGraph and a Machine (see the module docstring)."""
 

@@ -25,6 +25,7 @@ from opsched.policies.base import (
     topo_priorities,
     window_after,
 )
+from opsched.policies.registry import BASELINE, CONTROL, HINT, TEACHER, register
 
 #: Op kinds TensorFlow's CPU runtime hands to a library kernel (oneDNN / Eigen
 #: contraction) that always spreads over the whole intra-op pool.
@@ -37,6 +38,7 @@ EIGEN_PER_THREAD_CYCLES = 1e5
 NOMINAL_CLOCK_HZ = 2.0e9
 
 
+@register("sequential", roles=(BASELINE, HINT, TEACHER), aliases=("eager",), order=0)
 class Sequential(Policy):
     """Framework eager execution: one op at a time, topological order, the
     whole default device (all CPU cores, or GPU 0's one stream).
@@ -121,6 +123,7 @@ class TFSettings(Policy):
         return out
 
 
+@register("tf-default", roles=(BASELINE, HINT, TEACHER), order=1)
 class TFDefault(TFSettings):
     """TensorFlow's defaults: ``intra_op_parallelism_threads = 0`` and
     ``inter_op_parallelism_threads = 0``, which TF resolves to the number of
@@ -134,6 +137,7 @@ class TFDefault(TFSettings):
         return logical, logical
 
 
+@register("tf-recommended", roles=(BASELINE, HINT, TEACHER), order=2)
 class TFRecommended(TFSettings):
     """The setting Intel's and TensorFlow's performance guides recommend on
     CPUs (and the baseline of Liu et al.): intra-op threads = physical cores
@@ -146,6 +150,7 @@ class TFRecommended(TFSettings):
         return cpu.cores_per_socket, max(1, cpu.sockets)
 
 
+@register("random", roles=(CONTROL,), order=6)
 class RandomPolicy(Policy):
     """A random valid plan: each op gets a random device, a random thread level
     of that device and a random priority (seeded, so reproducible)."""

@@ -46,6 +46,7 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, default_device, full_threads, lane_after, resolve_model
+from opsched.policies.registry import BASELINE, HINT, TEACHER, register
 
 SVM_FORMAT = "opsched.maestro-svm"
 SVM_FORMAT_VERSION = 1
@@ -209,6 +210,7 @@ def place_layers(graph: OpGraph, machine: Machine, model: Any, gpu_ids: Sequence
     return where
 
 
+@register("maestro", roles=(BASELINE, HINT, TEACHER), order=5)
 class Maestro(Policy):
     """NN Maestro (see the module docstring)."""
 
@@ -298,10 +300,10 @@ def scale_graph(graph: OpGraph, factor: float) -> OpGraph:
 
 def label_sample(graph: OpGraph, machine: Machine, model: Any = None) -> tuple[np.ndarray, float, float]:
     """(features, multi-GPU makespan, single-GPU makespan), both simulated."""
-    from opsched.backends.sim import SimBackend
+    from opsched.engine.sim import Simulator
 
     model = resolve_model(model)
-    sim = SimBackend(machine, model=model)
+    sim = Simulator(machine, model=model)
     multi = sim.run(graph, Maestro(force=True).plan(graph, machine, model)).makespan
     single = sim.run(graph, Maestro(force=False).plan(graph, machine, model)).makespan
     return maestro_features(graph, machine, model), float(multi), float(single)

@@ -22,6 +22,7 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, resolve_model
+from opsched.policies.registry import register
 
 SAMPLERS = ("local", "tpe", "random")
 
@@ -75,6 +76,7 @@ def _local_sampler_class() -> type:
     return LocalSearchSampler
 
 
+@register("search", roles=(), order=50)
 class OptunaSearch(Policy):
     """Optuna search over per-op device, thread level and priority."""
 
@@ -96,11 +98,11 @@ class OptunaSearch(Policy):
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
         import optuna
 
-        from opsched.backends.sim import SimBackend
+        from opsched.engine.sim import Simulator
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         model = resolve_model(model)
-        sim = SimBackend(machine, model=model)
+        sim = Simulator(machine, model=model)
         sampler = {
             "tpe": lambda: optuna.samplers.TPESampler(seed=self.seed),
             "random": lambda: optuna.samplers.RandomSampler(seed=self.seed),

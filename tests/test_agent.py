@@ -186,8 +186,8 @@ def test_config_resolution_and_errors(tmp_path):
 
 def test_level_times_are_the_models_speedups():
     """``node_levels`` = log2(t(1) / t(k)) / 7 per op and CPU level, from the performance model."""
-    from opsched.backends.perfmodel import default_model
     from opsched.engine.layout import LEVEL_KEY
+    from opsched.engine.models.analytic import default_model
 
     g, m = generate("layered", 20, 9), get_machine("knl-68")
     env = make_env([g], [m], max_nodes=32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opsched.backends.perfmodel import AnalyticModel
+from opsched.engine.models.analytic import AnalyticModel
 from opsched.machine import get_machine
 from opsched.synthetic import generate
 

@@ -134,8 +134,8 @@ def test_arguments_are_checked_before_a_run_folder_exists(tmp_path: Path) -> Non
 def test_profile_runs_opsched_profile_for_models_without_profile_or_runtime_record(tmp_path, monkeypatch) -> None:
     """``--profile`` profiles the way ``opsched profile`` does (it runs that command)
     for each zoo model and batch lacking the profile or the runtime measurements."""
-    from opsched.backends.profiler import cache_path
     from opsched.backends.runtime_fit import record_path
+    from opsched.engine.profiles import cache_path
     from opsched.machine import Machine
     from opsched.specs import load_graph
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import opsched.commands.compare  # noqa: F401  (registers the command)
 from opsched.cli import app
 from opsched.errors import OpschedError
-from opsched.policies import HEURISTICS
+from opsched.policies import heuristic_names
 
 runner = CliRunner()
 
@@ -25,7 +25,7 @@ def _files(run_dir, graphs, policies):
     return [run_dir / n for n in names]
 
 
-ALL = [*HEURISTICS, "learned"]  # what --policies all means
+ALL = [*heuristic_names(), "learned"]  # what --policies all means
 
 
 def test_compare_on_the_simulator_writes_every_file(tmp_path):

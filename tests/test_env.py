@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -464,7 +465,8 @@ def test_real_torch_mode_sb3_check_env():
 def test_env_speed_bench_smoke(tmp_path):
     import json
 
-    out = subprocess.run([sys.executable, "bench/env_speed.py", "--ops", "20", "--steps", "50",
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(repo / "bench" / "env_speed.py"), "--ops", "20", "--steps", "50",
                           "--windows", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "env_speed.json").read_text())["rows"]

@@ -31,8 +31,7 @@ import torch
 from _nets import Branchy
 from torch import nn
 
-from opsched.backends.gpu_profiler import GPU_TIMER, GPUProfileModel, gpu_cache_path, profile_gpu
-from opsched.backends.profiler import OpProfile, Profile, ProfileError
+from opsched.backends.gpu_profiler import profile_gpu
 from opsched.backends.sim import SimBackend
 from opsched.backends.torch_cuda import (
     TorchCUDABackend,
@@ -41,6 +40,8 @@ from opsched.backends.torch_cuda import (
     issue_order,
     visible_gpu_problems,
 )
+from opsched.engine.models.gpu import GPU_TIMER, GPUProfileModel, gpu_cache_path
+from opsched.engine.profiles import OpProfile, Profile, ProfileError
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.importers.torch_fx import from_torch
@@ -376,7 +377,7 @@ def test_backend_without_cuda_says_so(two_gpu_machine):
 @pytest.mark.skipif(HAS_CUDA, reason="checks the error on a machine without CUDA")
 def test_gpu_profiler_without_cuda_says_so(branchy, two_gpu_machine):
     with pytest.raises(ProfileError, match="needs CUDA"):
-        profile_gpu(branchy[2], two_gpu_machine, cache_dir=None, progress=False)
+        profile_gpu(branchy[2], two_gpu_machine, cache_dir=False, progress=False)
 
 
 # ===================================================== simulator (CPU)

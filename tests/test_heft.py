@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opsched.backends.perfmodel import AnalyticModel
 from opsched.backends.sim import SimBackend
+from opsched.engine.models.analytic import AnalyticModel
 from opsched.machine import PRESETS
 from opsched.policies.heft import HeftPolicy, heft_schedule
 from opsched.synthetic import generate

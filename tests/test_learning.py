@@ -179,7 +179,7 @@ def test_expert_iteration_targets_only_get_faster():
     from opsched.agents.config import TrainConfig
     from opsched.agents.environments import make_env
     from opsched.agents.expert_iteration import expert_iteration
-    from opsched.agents.train import EXPERTS, build_model
+    from opsched.agents.train import build_model, teachers
 
     th.set_num_threads(1)
     graphs = [generate("layered", 24, 1), generate("matmul_chains", 20, 2)]
@@ -189,7 +189,7 @@ def test_expert_iteration_targets_only_get_faster():
     model = build_model(cfg, DummyVecEnv([lambda: make_env(graphs, machines, 32)]), seed=0)
     pairs = [(g, m) for g in graphs for m in machines]
     seen: list[float] = []
-    history = expert_iteration(model.policy, env, pairs, EXPERTS, rounds=2, pairs_per_round=4, samples=1,
+    history = expert_iteration(model.policy, env, pairs, teachers(), rounds=2, pairs_per_round=4, samples=1,
                                temperature=1.0, search_budget=15, steps=3, lr=1e-3, batch_size=16, episodes=2,
                                keep=1.0, seed=0, after_round=lambda r, s: seen.append(s["target_gain_gmean"]))
     assert len(history) == 2 and seen == [h["target_gain_gmean"] for h in history]

@@ -26,7 +26,8 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from opsched.backends.ort_backend import OrtBackend  # noqa: E402
 from opsched.backends.ort_lower import choose_plan, lower, single_session_plan  # noqa: E402
-from opsched.backends.ort_runtime import OrtRuntime  # noqa: E402
+from opsched.engine.models.ort_runtime import OrtRuntime  # noqa: E402
+from opsched.engine.models.runtime import PlanningModel  # noqa: E402
 from opsched.errors import ExecutionError, PlanError  # noqa: E402
 from opsched.importers.onnx_graph import from_onnx, from_torch_via_onnx, op_kind  # noqa: E402
 from opsched.machine import Machine  # noqa: E402
@@ -77,7 +78,7 @@ def be2():
 
 
 def _reference(graph, inputs):
-    from opsched.backends.ort_apply import reference_session, run_reference
+    from opsched.adapters.onnx import reference_session, run_reference
 
     return run_reference(reference_session(graph), graph, inputs)
 
@@ -130,7 +131,7 @@ def test_onnx_specs_load(tmp_path):
 
 # ------------------------------------------------------------------ lowering
 def test_lowering_puts_two_chains_on_two_lanes(fan):
-    from opsched.backends.perfmodel import AnalyticModel
+    from opsched.engine.models.analytic import AnalyticModel
 
     machine = _machine(2)
     low = lower(fan, uniform_plan(fan, machine, 1), machine, AnalyticModel())
@@ -144,11 +145,11 @@ def test_lowering_puts_two_chains_on_two_lanes(fan):
 
 
 def test_choose_plan_keeps_a_faster_plan_else_one_session(fan):
-    from opsched.backends.perfmodel import AnalyticModel
+    from opsched.engine.models.analytic import AnalyticModel
 
     machine = _machine(2)
     slow = OrtRuntime(handoff_s=1.0)  # every hand-off costs a second: nothing beats one session
-    from opsched.backends.runtime import PlanningModel
+    from opsched.engine.models.runtime import PlanningModel
 
     plan = uniform_plan(fan, machine, 1, policy="one-thread")
     chosen = choose_plan(fan, plan, machine, PlanningModel(AnalyticModel(), slow))
@@ -289,12 +290,11 @@ def test_spinning_must_be_true_false_or_auto():
 
 # ------------------------------------------------------------------ runtime model and profiles
 def test_runtime_model_round_trips_and_is_registered(tmp_path):
-    from opsched.backends.profiler import ProfileError
-    from opsched.backends.runtime import RUNTIME_MODELS
+    from opsched.backends.registry import spec
     from opsched.engine.contracts import RuntimeModel
-    from opsched.planning import RUNTIME_BACKENDS
+    from opsched.engine.profiles import ProfileError
 
-    assert RUNTIME_MODELS["ort"] is OrtRuntime and "ort" in RUNTIME_BACKENDS
+    assert spec("ort").runtime_model_class() is OrtRuntime
     rt = OrtRuntime(op_overhead_s=2e-6, handoff_s=3e-5, corun_c0=0.1, fitted_on=("x",))
     assert isinstance(rt, RuntimeModel) and rt.team_overhead_s == 0.0
     rt.save(tmp_path / "ort.json")
@@ -308,8 +308,8 @@ def test_runtime_model_round_trips_and_is_registered(tmp_path):
 def test_profile_and_planning_model_for_ort(fan, tmp_path):
     from opsched.backends.ort_profiler import ort_cache_dir, profile_ort
     from opsched.backends.profiler import usable_cores
-    from opsched.backends.runtime import PlanningModel
     from opsched.backends.runtime_fit import runtime_path
+    from opsched.engine.models.runtime import PlanningModel
     from opsched.planning import planning_model
 
     machine = Machine.probe()
@@ -334,9 +334,9 @@ def test_profile_and_planning_model_for_ort(fan, tmp_path):
 
 def test_runtime_fit_recovers_a_hand_off_cost(fan):
     from opsched.backends.ort_fit import fit_ort_runtime, ort_plans
-    from opsched.backends.perfmodel import AnalyticModel
-    from opsched.backends.runtime import PlanningModel
     from opsched.backends.runtime_fit import runtime_run, simulate
+    from opsched.engine.models.analytic import AnalyticModel
+    from opsched.engine.models.runtime import PlanningModel
 
     machine = _machine(2)
     perf = AnalyticModel()
@@ -432,19 +432,30 @@ class _TimedBackend:
 
 @pytest.mark.parametrize("faster", ["ort-single", "lanes"])
 def test_measured_choice_keeps_the_faster_of_the_plan_and_one_session(faster: str) -> None:
-    from opsched.backends.ort_apply import measured_choice
-    from opsched.backends.perfmodel import AnalyticModel
+    """The ort adapter offers the lowered plan and ONNX Runtime's one session, and the
+    pipeline's measured choice (opsched.measured) times both and keeps the faster."""
+    from opsched.adapters.onnx import OnnxAdapter
+    from opsched.engine.models.analytic import AnalyticModel
+    from opsched.measured import choose_measured
 
     m = _machine(2)
     graph = from_onnx(_fan(2, 3), name="fan")
     lanes = uniform_plan(graph, m, 1, policy="lanes")
     be = _TimedBackend({"ort-single": 0.002 if faster == "ort-single" else 0.004,
                         "lanes": 0.003})
-    out = measured_choice(be, graph, lanes, m, AnalyticModel(), graph.source.example_inputs, measure=3)
+    adapter = OnnxAdapter(_fan(2, 3), (), "ort")
+    # a model that predicts the lowered plan far faster keeps it as the model's choice
+    fast_model = PlanningModel(AnalyticModel(), OrtRuntime())
+    chosen, found = adapter.choose(graph, lanes, None, m, fast_model, None)
+    if chosen.policy == "ort-single":  # this model prefers one session: the candidates are nothing to time
+        assert found is None
+        found = {"model": (lanes, 0.001), "ort-single": (single_session_plan(graph, m), 0.002)}
+    else:
+        assert set(found) == {"model", "ort-single"}
+    out = choose_measured(be, graph, found, graph.source.example_inputs, top=3, always=adapter.always_time)
     assert out.policy == faster
     assert set(out.meta["measured"]) == {"model", "ort-single"}
     assert set(be.calls) == {"lanes", "ort-single"}
-    # no timing when told not to measure, or when the choice already is the one session
-    assert measured_choice(be, graph, lanes, m, AnalyticModel(), (), measure=1) is lanes
+    # the one session chosen by the model already: nothing to time
     single = single_session_plan(graph, m)
-    assert measured_choice(be, graph, single, m, AnalyticModel(), (), measure=3) is single
+    assert adapter.choose(graph, single, None, m, fast_model, None) == (single, None)

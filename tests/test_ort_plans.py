@@ -14,12 +14,12 @@ pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from opsched.backends.ort_lower import lower  # noqa: E402
-from opsched.backends.ort_plans import LanePlanner, lane_plan  # noqa: E402
-from opsched.backends.ort_runtime import OrtRuntime  # noqa: E402
-from opsched.backends.perfmodel import AnalyticModel  # noqa: E402
-from opsched.backends.runtime import PlanningModel  # noqa: E402
+from opsched.engine.models.analytic import AnalyticModel  # noqa: E402
+from opsched.engine.models.ort_runtime import OrtRuntime  # noqa: E402
+from opsched.engine.models.runtime import PlanningModel  # noqa: E402
 from opsched.importers.onnx_graph import from_onnx  # noqa: E402
 from opsched.machine import Machine  # noqa: E402
+from opsched.policies.ort_lanes import LanePlanner, lane_plan  # noqa: E402
 
 
 def _machine(cores: int) -> Machine:
@@ -87,7 +87,7 @@ def test_lane_planner_picks_its_best_candidate_under_the_model(branches):
 
 
 def test_plan_for_ort_prefers_the_fastest_predicted(branches):
-    from opsched.backends.ort_apply import plan_for_ort
+    from opsched.adapters.onnx import plan_for_ort
     from opsched.plan import uniform_plan
 
     machine = _machine(2)

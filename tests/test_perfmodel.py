@@ -9,16 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsched.backends.fitted import (
-    Amdahl,
-    FittedModel,
-    KindShape,
-    fit_amdahl,
-    fit_kind_shape,
-)
-from opsched.backends.interference import InterferenceFit, PairRecord, fit_interference
-from opsched.backends.perfmodel import AnalyticModel
-from opsched.backends.profiler import OpProfile, Profile, ProfileError
+from opsched.engine.models.analytic import AnalyticModel
+from opsched.engine.models.fitted import Amdahl, FittedModel, KindShape, fit_amdahl, fit_kind_shape
+from opsched.engine.models.interference import InterferenceFit, PairRecord, fit_interference
+from opsched.engine.profiles import OpProfile, Profile, ProfileError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import PRESETS, Device, Machine
 from opsched.synthetic import generate
@@ -185,8 +179,8 @@ def test_profiles_of_different_machines_cannot_be_mixed():
 def test_the_planning_model_is_chosen_in_one_place(tmp_path):
     """Analytic without profiles; fitted with them; plus the runtime model once
     `opsched profile` stored one; a profile measured under load is skipped, loudly."""
-    from opsched.backends.runtime import PlanningModel, TorchCPURuntime
     from opsched.backends.runtime_fit import runtime_path
+    from opsched.engine.models.runtime import PlanningModel, TorchCPURuntime
     from opsched.errors import OpschedError
     from opsched.planning import LoadWarning, planning_model
 

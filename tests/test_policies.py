@@ -15,9 +15,19 @@ from opsched.backends.sim import SimBackend
 from opsched.errors import PolicyError
 from opsched.machine import PRESETS, Machine
 from opsched.plan import Plan
-from opsched.policies import HEURISTICS, POLICIES, expand_names, get_policy
+from opsched.policies import (
+    BASELINE,
+    CONTROL,
+    HINT,
+    TEACHER,
+    expand_names,
+    get_policy,
+    heuristic_names,
+    names,
+)
 from opsched.policies.base import window_after
 from opsched.policies.maestro import FEATURES, Maestro, MaestroSVM, fit_svm, maestro_features
+from opsched.policies.registry import entries
 from opsched.policies.search import OptunaSearch
 from opsched.synthetic import FAMILIES, generate
 
@@ -49,7 +59,7 @@ def max_concurrency(trace, device: str) -> int:
 
 # ------------------------------------------------------------------ validity
 @pytest.mark.parametrize("machine", sorted(MACHINES))
-@pytest.mark.parametrize("policy", HEURISTICS)
+@pytest.mark.parametrize("policy", heuristic_names())
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(family=st.sampled_from(sorted(FAMILIES)), n_ops=st.integers(2, 60), seed=st.integers(0, 10_000))
 def test_every_heuristic_plans_validly_on_random_graphs(policy, machine, family, n_ops, seed):
@@ -80,7 +90,7 @@ def test_every_heuristic_plans_validly_on_the_zoo(name, machine):
     """Every heuristic on every zoo model, on a manycore CPU and a multi-GPU box
     (the property test above covers every preset)."""
     g, m = zoo_graph(name), PRESETS[machine]
-    for policy in HEURISTICS:
+    for policy in heuristic_names():
         plan = get_policy(policy).plan(g, m)
         plan.validate(g, m)
         assert len(plan) == len(g.ops)
@@ -88,13 +98,56 @@ def test_every_heuristic_plans_validly_on_the_zoo(name, machine):
 
 # ------------------------------------------------------------------ registry
 def test_registry_names_and_all():
-    assert expand_names("all") == [*HEURISTICS, "learned"]
-    assert expand_names("all,search") == [*HEURISTICS, "learned", "search"]
+    assert expand_names("all") == [*heuristic_names(), "learned"]
+    assert expand_names("all,search") == [*heuristic_names(), "learned", "search"]
     assert expand_names("cpf, heft,cpf") == ["critical-path-first", "heft"]
-    assert set(HEURISTICS) < set(POLICIES)
-    for name in POLICIES:
+    assert heuristic_names()[0] == "sequential"  # the reference comes first
+    assert set(heuristic_names()) < set(names())
+    for name in names():
         assert get_policy(name).name == name
     assert get_policy("graphi").name == "critical-path-first"
+
+
+def test_registry_roles_drive_every_consumer():
+    """One registry: compare's 'all', the training run's baselines and teachers, the hint set
+    of the learned policy and the bench all read the roles."""
+    from opsched.agents.config import TrainConfig
+    from opsched.agents.train import teachers
+    from opsched.policies.hints import hint_names
+
+    by_name = {e.name: e for e in entries()}
+    assert "random" in heuristic_names() and CONTROL in by_name["random"].roles
+    assert "random" not in names(BASELINE) and "random" not in names(TEACHER) and "random" not in names(HINT)
+    assert "search" in names() and not by_name["search"].roles and "search" not in heuristic_names()
+    assert TrainConfig().baselines == list(names(BASELINE))
+    assert teachers() == names(TEACHER)
+    assert hint_names() == names(HINT)
+    assert get_policy("learned").hints == hint_names()  # the shipped policy was exported with this set
+
+
+def test_a_new_heuristic_is_one_module(tmp_path, monkeypatch):
+    """A module in policies/ with the decorator is found by name and in its roles, nothing else edited."""
+    import opsched.policies as pkg
+    from opsched.policies import registry
+
+    mod = tmp_path / "dummy_heuristic_for_test.py"
+    mod.write_text(
+        "from opsched.policies.base import Policy, build_plan\n"
+        "from opsched.policies.heuristics import Sequential\n"
+        "from opsched.policies.registry import BASELINE, register\n\n\n"
+        "@register('dummy-test', roles=(BASELINE,), order=999)\n"
+        "class Dummy(Sequential):\n"
+        "    name = 'dummy-test'\n")
+    monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.setitem(__import__("sys").modules, "opsched.policies.dummy_heuristic_for_test", None)
+    __import__("sys").modules.pop("opsched.policies.dummy_heuristic_for_test")
+    try:
+        assert "dummy-test" in names(BASELINE) and heuristic_names()[-1] == "dummy-test"
+        assert get_policy("dummy-test").name == "dummy-test"
+        assert "dummy-test" in expand_names("all")
+    finally:
+        registry._ENTRIES.pop("dummy-test", None)
 
 
 def test_registry_errors_are_clear():

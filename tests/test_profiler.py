@@ -12,7 +12,9 @@ from torch import nn
 
 from opsched.backends import interference as itf
 from opsched.backends import profiler
-from opsched.backends.profiler import Profile, ProfileError, cache_path, profile_graph, usable_cores
+from opsched.backends.profiler import profile_graph, usable_cores
+from opsched.engine.models import interference as itm
+from opsched.engine.profiles import Profile, ProfileError, cache_path
 from opsched.errors import OpschedError
 from opsched.importers.torch_fx import from_torch
 from opsched.machine import Machine
@@ -80,7 +82,7 @@ def test_cache_is_written_and_reused_unless_refresh(tiny, machine, tmp_path, mon
 
 
 def test_json_round_trip(tiny, machine, tmp_path):
-    prof = profile_graph(tiny, machine, cache_dir=None, **FAST)
+    prof = profile_graph(tiny, machine, cache_dir=False, **FAST)
     text = json.dumps(prof.to_dict())
     back = Profile.from_dict(json.loads(text))
     assert back.to_dict() == prof.to_dict()
@@ -127,9 +129,9 @@ def test_bad_profiles_raise_profile_error(tmp_path, data, match):
 
 def test_graph_without_source_and_too_many_threads_are_clear_errors(diamond, tiny, machine):
     with pytest.raises(ProfileError, match="no executable PyTorch source"):
-        profile_graph(diamond, machine, cache_dir=None, **FAST)
+        profile_graph(diamond, machine, cache_dir=False, **FAST)
     with pytest.raises(ProfileError, match="cannot measure"):
-        profile_graph(tiny, machine, cache_dir=None, progress=False, threads=[usable_cores() + 1])
+        profile_graph(tiny, machine, cache_dir=False, progress=False, threads=[usable_cores() + 1])
     assert issubclass(ProfileError, OpschedError)
 
 
@@ -147,7 +149,7 @@ def test_raising_op_is_named(machine):
 
     src._compiled = [type(ops[0])(ops[0].op_id, boom, ops[0].reads, ops[0].writes), *ops[1:]]
     with pytest.raises(ProfileError, match=f"op {ops[0].op_id!r} raised.*kaput"):
-        profile_graph(g, machine, cache_dir=None, **FAST)
+        profile_graph(g, machine, cache_dir=False, **FAST)
 
 
 def test_time_op_sets_thread_counts_and_restores_caller():
@@ -171,7 +173,7 @@ def test_pairs_are_measured_side_by_side():
     for r in recs:
         assert min(r.alone_a, r.alone_b, r.corun_a, r.corun_b) > 0
         assert r.demand_a > 0 and all(s > 0 for s in r.slowdowns)
-    fit = itf.fit_interference(recs, bandwidth_gbs=10.0)
+    fit = itm.fit_interference(recs, bandwidth_gbs=10.0)
     assert fit.c0 >= 0 and fit.gamma >= 0 and fit.n_pairs == 2
 
 
@@ -189,7 +191,7 @@ def test_a_raising_co_runner_raises_and_leaves_no_thread():
 def test_choose_pairs_covers_the_classes():
     cands = {"c1": (1e-3, 1e9, 1e6), "c2": (2e-3, 2e9, 1e6), "m1": (1e-3, 0.0, 1e7), "m2": (5e-4, 1e3, 1e7)}
     pairs = itf.choose_pairs(cands)
-    classes = {(itf.classify(*cands[a][1:]), itf.classify(*cands[b][1:])) for a, b in pairs}
+    classes = {(itm.classify(*cands[a][1:]), itm.classify(*cands[b][1:])) for a, b in pairs}
     assert {("compute", "compute"), ("memory", "memory"), ("compute", "memory")} <= classes
 
 
@@ -202,14 +204,14 @@ def test_interference_is_stored_in_the_profile(tiny, machine, monkeypatch):
     real = itf.measure_pairs
     monkeypatch.setattr(itf, "measure_pairs", lambda *a, **k: real(*a, **{**k, "window_s": 0.01,
                                                                           "max_attempts": 1}))
-    prof = profile_graph(tiny, machine, cache_dir=None, warmup=1, repeats=3, progress=False, threads=LEVELS)
+    prof = profile_graph(tiny, machine, cache_dir=False, warmup=1, repeats=3, progress=False, threads=LEVELS)
     inter = prof.interference
     assert inter is not None and set(inter) >= {"fit", "pairs", "bandwidth_gbs", "class_factors"}
     back = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
     assert back.interference == json.loads(json.dumps(inter))
     if usable_cores() >= 2:
         assert len(inter["pairs"]) >= 3
-        fit = itf.InterferenceFit.from_dict(inter["fit"])
+        fit = itm.InterferenceFit.from_dict(inter["fit"])
         assert np.all(fit.slowdown([5.0, 5.0]) >= 1.0)
 
 

@@ -1,4 +1,4 @@
-"""Runtime models (``opsched.backends.runtime``) and their fit
+"""Runtime models (``opsched.engine.models.runtime``) and their fit
 (``opsched.backends.runtime_fit``): plan generation, the metrics, the fit, the
 store.  No measurement and no wall-clock figure: "measured" makespans here
 are simulations with a known runtime model.
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import opsched.backends.runtime_fit as S
-from opsched.backends.perfmodel import AnalyticModel
-from opsched.backends.profiler import ProfileError
-from opsched.backends.runtime import PlanningModel, TorchCPURuntime, cold_weight_bytes
 from opsched.backends.sim import SimBackend
+from opsched.engine.models.analytic import AnalyticModel
+from opsched.engine.models.runtime import PlanningModel, TorchCPURuntime, cold_weight_bytes
+from opsched.engine.profiles import ProfileError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.machine import Device, Machine
 from opsched.plan import Assignment, Plan

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from opsched.backends.base import BackendBase
-from opsched.backends.perfmodel import AnalyticModel, default_model
 from opsched.backends.registry import get_backend
 from opsched.backends.sim import SimBackend
+from opsched.engine.models.analytic import AnalyticModel, default_model
 from opsched.engine.sim import SimState, lower_bound, prepare, sequential_makespan
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import Edge, Op, OpGraph
@@ -296,8 +296,9 @@ def test_sim_speed_bench_smoke(tmp_path):
     import json
     import subprocess
     import sys
+    from pathlib import Path
 
-    out = subprocess.run([sys.executable, "bench/sim_speed.py", "--quick", "--ops", "30", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "sim_speed.py"), "--quick", "--ops", "30", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "sim_speed.json").read_text())

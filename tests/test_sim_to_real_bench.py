@@ -16,9 +16,9 @@ import pytest
 
 import opsched.backends.runtime_fit as F
 import opsched.benchmarks.sim_to_real as S
-from opsched.backends.perfmodel import AnalyticModel
-from opsched.backends.runtime import PlanningModel, TorchCPURuntime
 from opsched.backends.sim import SimBackend
+from opsched.engine.models.analytic import AnalyticModel
+from opsched.engine.models.runtime import PlanningModel, TorchCPURuntime
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Device, Machine

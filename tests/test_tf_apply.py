@@ -106,7 +106,7 @@ def test_apply_tf_plans_runs_and_matches_keras(spec, use_shared, graph, tmp_path
     from opsched.real_apply import run_apply
 
     plan_file = tmp_path / "plan.json"
-    res = run_apply(spec, None, backend="tf", batch=3, repeats=2, warmup=1, save_plan=plan_file)
+    res = run_apply(spec, None, backend="tf", batch=3, repeats=2, warmup=1, save_plan=plan_file).to_dict()
     assert res["backend"] == "tf" and res["framework"] == "keras" and res["reference"] == "tf-default"
     assert [r["config"] for r in res["rows"]] == ["tf-default", "tf-recommended", "critical-path-first",
                                                   "policy (learned)"]
@@ -117,7 +117,7 @@ def test_apply_tf_plans_runs_and_matches_keras(spec, use_shared, graph, tmp_path
     plan = Plan.load(plan_file)
     plan.validate(graph, use_shared.machine)
     assert plan.policy == "learned"
-    again = run_apply(spec, backend="auto", batch=3, repeats=1, warmup=0, plan_file=plan_file)
+    again = run_apply(spec, backend="auto", batch=3, repeats=1, warmup=0, plan_file=plan_file).to_dict()
     assert again["backend"] == "tf" and again["rows"][-1]["config"] == "saved plan (learned)"
     assert all(r["outputs_equal_eager"] for r in again["rows"])
 

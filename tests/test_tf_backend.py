@@ -238,8 +238,8 @@ def test_a_crashed_worker_is_a_clear_error_and_close_leaves_nothing(backend, gra
 
 def test_profile_tf_feeds_the_profile_format(graph, machine, backend1, tmp_path):
     pytest.importorskip("opsched.backends.profiler")
-    from opsched.backends.profiler import Profile
     from opsched.backends.tf_cpu import profile_tf
+    from opsched.engine.profiles import Profile
 
     prof = profile_tf(graph, machine, levels=[1], runs=3, warmup=1, backend=backend1)  # reuses its worker
     assert set(prof.ops) == {op.id for op in graph.ops} and prof.levels == (1,)

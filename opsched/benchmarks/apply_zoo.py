@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opsched.policies import BASELINE, names
 from opsched.timing import host_record, interleave, wall_clock
-
-HEURISTICS = ("sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro")
 
 
 def measure(model_name: str, batch: int, policy: Any, rounds: int, warmup: int) -> dict[str, Any]:
@@ -46,7 +45,7 @@ def measure(model_name: str, batch: int, policy: Any, rounds: int, warmup: int) 
     graph = from_torch(module, inputs, name=model_name)
     machine = load_machine("local").cpu_only()
     model = planning_model(machine, "torch-cpu", "auto")
-    plans = {name: get_policy(name).plan(graph, machine, model) for name in HEURISTICS}
+    plans = {name: get_policy(name).plan(graph, machine, model) for name in names(BASELINE)}
     t0 = time.perf_counter()
     found = policy.plan_candidates(graph, machine, model)
     plans["learned"] = pick(found)
@@ -62,7 +61,7 @@ def measure(model_name: str, batch: int, policy: Any, rounds: int, warmup: int) 
         timings = interleave(configs, warmup, rounds)
     ratios = timings.ratios("eager")
     rows = {k: {**timings.stats(k), "outputs_equal_eager": same.get(k, True)} for k in configs}
-    fastest = min(HEURISTICS, key=timings.median)
+    fastest = min(names(BASELINE), key=timings.median)
     return {"model": model_name, "batch": batch, "ops": len(graph.ops), "perf_model": describe(model),
             "chosen": plans["learned"].meta.get("chosen"), "plan_s": plan_s, "rows": rows,
             "measured_chosen": plans["learned-measured"].meta.get("chosen"), "measure_s": measure_s,

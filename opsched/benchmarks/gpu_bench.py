@@ -94,7 +94,7 @@ def _one_stream(machine: Any) -> Any:
 
 def _cpf_plan(graph: Any, machine: Any, model: Any = None, device: str = "gpu:0") -> Any:
     """Every op on ``device``, priorities = upward rank at the model's GPU times (Graphi's CPF)."""
-    from opsched.backends.perfmodel import default_model
+    from opsched.engine.models.analytic import default_model
     from opsched.plan import uniform_plan
 
     model = model or default_model()
@@ -173,10 +173,11 @@ def sim_case(torch: Any, name: str, batch: int, machine: Any, out: Path, traced:
     (median over traced runs) against the simulated one, with the analytic
     model's nominal GPU figures (``raw``) and with the measured op times and link
     (``calibrated``: :class:`GPUProfileModel`)."""
-    from opsched.backends.gpu_profiler import GPUProfileModel, profile_gpu
-    from opsched.backends.perfmodel import default_model
+    from opsched.backends.gpu_profiler import profile_gpu
     from opsched.backends.sim import SimBackend
     from opsched.backends.torch_cuda import TorchCUDABackend
+    from opsched.engine.models.analytic import default_model
+    from opsched.engine.models.gpu import GPUProfileModel
     from opsched.importers.torch_fx import from_torch
     from opsched.policies import get_policy
     from opsched.zoo import ZOO
@@ -223,8 +224,9 @@ def sim_case(torch: Any, name: str, batch: int, machine: Any, out: Path, traced:
 # ----------------------------------------------------------- 3. multi-GPU
 def multi_gpu_case(torch: Any, name: str, batch: int, machine: Any, rounds: int, out: Path) -> dict[str, Any]:
     """``maestro`` and the shipped learned policy against single-GPU execution (two or more GPUs)."""
-    from opsched.backends.gpu_profiler import GPUProfileModel, profile_gpu
+    from opsched.backends.gpu_profiler import profile_gpu
     from opsched.backends.torch_cuda import TorchCUDABackend
+    from opsched.engine.models.gpu import GPUProfileModel
     from opsched.importers.torch_fx import from_torch
     from opsched.policies import get_policy, load
     from opsched.policies.exported import pretrained_path

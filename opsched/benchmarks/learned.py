@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opsched.cache import graphs_dir
 from opsched.timing import geomean, host_record
 
 #: K values of the plan-time search curve.
@@ -318,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs = test_pairs(args.quick)
     default_k = int(policy.planning()["samples"])
     ks = sorted({*((0, 1, 2) if args.quick else K_CURVE), default_k})
-    rows = evaluate(policy, pairs, ks, cache_dir=Path(args.out) / ".cache")
+    rows = evaluate(policy, pairs, ks, cache_dir=graphs_dir())
     res: dict[str, Any] = {
         "policy": args.policy, "command": "python bench/learned.py " + " ".join(argv or []),
         "host": host_record(), "load_start": load0, "default_k": default_k, "rows": rows,

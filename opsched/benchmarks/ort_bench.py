@@ -6,11 +6,11 @@ runs them and writes ``runs/bench/ort_bench.{json,md}``):
 * :func:`zoo_ratios` - for each zoo model at each batch, what ``opsched apply
   --backend ort`` runs (the default policy's plan, or opsched's lane plan, or
   one session - whichever the planning model predicts fastest,
-  :func:`opsched.backends.ort_apply.plan_for_ort`) against ONNX Runtime's
+  :func:`opsched.adapters.onnx.plan_for_ort`) against ONNX Runtime's
   sequential execution at its default threads, in interleaved rounds in one
   process, both timed the same way (wall clock around one call, numpy inputs
   in, numpy outputs out, each call after a pause that lets the other's
-  spinning intra-op threads stop, :func:`after_gap`); the ratio is the median over rounds of
+  spinning intra-op threads stop, :func:`opsched.timing.settle`); the ratio is the median over rounds of
   ``sequential / opsched`` (> 1: opsched faster), with quartiles.  Outputs
   are checked first.
 * :func:`sim_to_real` - the planning model (profiles and the runtime model
@@ -63,7 +63,7 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
                warmup: int = 3, policy: Any = None, cache_dir: str | Path | None = None,
                quiet_wait_s: float = 0.0, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Per (model, batch): opsched on ``ort`` vs ONNX Runtime sequential (see the module docstring)."""
-    from opsched.backends.ort_apply import ORT_ATOL, ORT_RTOL, after_gap, reference_session, run_reference
+    from opsched.adapters.onnx import ORT_ATOL, ORT_RTOL, reference_session, remember, run_reference
     from opsched.backends.ort_backend import OrtBackend
     from opsched.backends.ort_lower import describe
     from opsched.backends.sim import SimBackend
@@ -84,11 +84,8 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
             model = planning_model(machine, "ort", "auto", cache_dir)
             with OrtBackend(machine, model=model) as be, warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ScheduleFallbackWarning)
-                from opsched.backends.ort_apply import remember
-
                 remember(loaded.model, loaded.inputs, graph, batch)
-                sm = apply(policy, loaded.model, loaded.inputs, backend="ort", machine=machine, perf_model=model,
-                           runtime=be, batch=batch)
+                sm = apply(policy, loaded.model, loaded.inputs, backend=be, perf_model=model, batch=batch)
                 row: dict[str, Any] = {"model": name, "batch": batch, "n_ops": len(graph.ops),
                                        "perf_model": describe_model(model)}
                 if not sm.scheduled:
@@ -104,11 +101,11 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
                 same = outputs_equal(be.execute(graph, sm.plan, src.example_inputs),
                                      run_reference(seq, graph, src.example_inputs), ORT_RTOL, ORT_ATOL)
                 plan = sm.plan
-                t = interleave({"ort-sequential": after_gap(wall_clock(lambda seq=seq, feeds=feeds, names=names:
-                                                                       seq.run(names, feeds))),
-                                "opsched": after_gap(wall_clock(lambda plan=plan, graph=graph, be=be,
-                                                                x=src.example_inputs: be.execute(graph, plan, x)))},
-                               warmup, rounds)
+                t = interleave({"ort-sequential": wall_clock(lambda seq=seq, feeds=feeds, names=names:
+                                                             seq.run(names, feeds)),
+                                "opsched": wall_clock(lambda plan=plan, graph=graph, be=be,
+                                                      x=src.example_inputs: be.execute(graph, plan, x))},
+                               warmup, rounds)  # each timed call after the previous one's threads went quiet
                 inv = [a / b for a, b in zip(t.samples["ort-sequential"], t.samples["opsched"], strict=True)]
                 q1, med, q3 = (float(x) for x in np.percentile(inv, [25, 50, 75]))
                 sim = SimBackend(machine, model=model)
@@ -131,7 +128,7 @@ def fresh_plans(graph: Any, machine: Any, model: Any, fitted: Sequence[Any], see
     families drawn with another seed, and opsched's lane plans, minus any plan whose
     assignments equal one in ``fitted``."""
     from opsched.backends.ort_fit import ort_plans
-    from opsched.backends.ort_plans import LanePlanner
+    from opsched.policies.ort_lanes import LanePlanner
 
     plans = dict(ort_plans(graph, machine, model, n_plans, seed))
     plans.update({f"lanes-{k}": p for k, p in LanePlanner().candidates(graph, machine, model).items()})
@@ -190,11 +187,11 @@ def apply_seconds(model: str = "inception", batch: int = 1, *, cwd: str | Path =
                   timeout: float = 300.0) -> dict[str, Any]:
     """Wall seconds of ``opsched apply --backend ort --model zoo:<model>`` in a fresh
     process, its ONNX export included (a cached export is moved aside and restored)."""
-    from opsched.importers.onnx_graph import DEFAULT_EXPORT_DIR
+    from opsched.cache import onnx_dir
     from opsched.specs import load_model, onnx_export_key
 
     loaded = load_model(f"zoo:{model}", batch)
-    cached = Path(cwd) / DEFAULT_EXPORT_DIR / f"{loaded.name}_{onnx_export_key(loaded)}.onnx"
+    cached = onnx_dir() / f"{loaded.name}_{onnx_export_key(loaded)}.onnx"
     with tempfile.TemporaryDirectory(prefix="opsched-ortbench-") as tmp:
         aside = Path(tmp) / cached.name
         if cached.is_file():
@@ -318,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             cache_dir=args.profiles, quiet_wait_s=args.quiet_wait, progress=say)
     policy: Any = args.policy
     if policy == "ort-lanes":
-        from opsched.backends.ort_plans import LanePlanner
+        from opsched.policies.ort_lanes import LanePlanner
 
         policy = LanePlanner()
     if "ratios" in sections:

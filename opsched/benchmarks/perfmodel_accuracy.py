@@ -25,10 +25,12 @@ from rich.console import Console
 from rich.table import Table
 
 import opsched.benchmarks.harness as H
-from opsched.backends.fitted import FittedModel
-from opsched.backends.interference import InterferenceFit, PairRecord, fit_interference
-from opsched.backends.perfmodel import AnalyticModel
-from opsched.backends.profiler import DEFAULT_CACHE_DIR, OpProfile, Profile, profile_graph
+from opsched.backends.profiler import profile_graph
+from opsched.cache import profiles_dir
+from opsched.engine.models.analytic import AnalyticModel
+from opsched.engine.models.fitted import FittedModel
+from opsched.engine.models.interference import InterferenceFit, PairRecord, fit_interference
+from opsched.engine.profiles import OpProfile, Profile
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.specs import load_graph
@@ -248,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--refresh", action="store_true", help="measure again instead of using cached profiles")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE_DIR)
+    ap.add_argument("--cache", type=Path, default=profiles_dir())
     ap.add_argument("--out", type=Path, default=H.DEFAULT_OUT, help="folder for perfmodel_accuracy.{json,md}")
     ap.add_argument("--min-us", type=float, default=50.0, help="score ops of at least this many microseconds")
     ap.add_argument("--contention", type=float, default=0.25,

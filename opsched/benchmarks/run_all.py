@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import opsched.benchmarks.harness as H
-from opsched.backends.profiler import DEFAULT_CACHE_DIR
 from opsched.benchmarks import sections
 from opsched.benchmarks.report import write_figures, write_report
+from opsched.cache import onnx_dir, profiles_dir
 from opsched.errors import OpschedError
 
 SECTIONS = ("real", "keras", "sim", "costs", "fidelity", "ort")
@@ -58,8 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(compile, export) before it is skipped (default 300; quick 150)")
     ap.add_argument("--fidelity-plans", type=int, default=0, help="fresh plans per model in section 4 (default 24; "
                     "quick 20; at least 20)")
-    ap.add_argument("--profiles", default=str(DEFAULT_CACHE_DIR), help="the profile cache opsched plans with "
-                    "(default runs/profiles)")
+    ap.add_argument("--profiles", default=str(profiles_dir()), help="the profile cache opsched plans with "
+                    "(default: the per-user cache, `opsched cache --path`)")
     ap.add_argument("--profile", action="store_true", help="first run `opsched profile` on the zoo models that "
                     "have no cached profile or runtime measurements (the fitted planning model)")
     ap.add_argument("--no-progress", action="store_true")
@@ -114,8 +114,8 @@ def profile_missing(models: list[str], batches: list[int], ctx: dict[str, Any], 
     """``--profile``: ``opsched profile`` (the ops, then the measured plans the runtime
     model is fitted on) for each (model, batch) without a cached profile or runtime
     measurements, each in its own process."""
-    from opsched.backends.profiler import cache_path
     from opsched.backends.runtime_fit import record_path
+    from opsched.engine.profiles import cache_path
     from opsched.machine import Machine
     from opsched.specs import load_graph
 
@@ -140,7 +140,7 @@ def setup(args: argparse.Namespace, out: Path, log: Any, console: Any) -> tuple[
     from opsched.machine import Machine
     from opsched.planning import describe, planning_model
 
-    ctx: dict[str, Any] = {"env": H.worker_env(), "log": log, "onnx_dir": Path(args.out) / "onnx_cache",
+    ctx: dict[str, Any] = {"env": H.worker_env(), "log": log, "onnx_dir": onnx_dir(),
                            "profiles": Path(args.profiles), "machine": Machine.probe().cpu_only(),
                            "machine_file": out / "sub" / "machine_probe.json"}
     ctx["onnx_dir"].mkdir(parents=True, exist_ok=True)

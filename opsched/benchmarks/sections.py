@@ -31,8 +31,8 @@ from typing import Any
 import opsched.benchmarks.harness as H
 import opsched.timing as T
 from opsched.errors import OpschedError
+from opsched.policies import BASELINE, names
 
-REAL_POLICIES = ("sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro")
 QUICK_MODELS = ("transformer", "lstm")
 #: Calls per configuration per round: as many as fit in this many seconds, at most --iters.
 ITER_TARGET_S = 0.25
@@ -108,7 +108,7 @@ def policy_plans(graph: Any, machine: Any, model: Any, learned: Any) -> tuple[di
 
     plans, decide, same, failed = {}, {}, {}, {}
     pols: list[tuple[str, Any]] = []
-    for name in REAL_POLICIES:
+    for name in names(BASELINE):
         try:
             pols.append((name, get_policy(name)))
         except Exception as exc:
@@ -240,7 +240,7 @@ def section_real(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: 
     models = zoo_models(args)
     groups = [(m, b) for m in models for b in args.batches]
     # per group: 4 setup steps, then warm-up + rounds over ~11 configurations
-    per_group = 4 + (args.rounds + 1) * (6 + len(REAL_POLICIES) + 1)
+    per_group = 4 + (args.rounds + 1) * (6 + len(names(BASELINE)) + 1)
     task = bar.add_task("1 real execution", total=len(groups) * per_group, detail="")
     rows, skipped_groups = [], {}
     work = out / "sub" / "real"
@@ -287,14 +287,14 @@ def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: A
     from opsched.backends.sim import SimBackend
     from opsched.engine.sim import lower_bound
     from opsched.machine import get_machine, preset_names
-    from opsched.policies import HEURISTICS, get_policy, timed_plan
+    from opsched.policies import get_policy, heuristic_names, timed_plan
     from opsched.specs import load_graph
 
     specs, source = list(DEFAULT_HELDOUT_GRAPHS), "opsched.agents.config.DEFAULT_HELDOUT_GRAPHS"
     if args.quick:
         specs = [s for s in specs if not s.startswith("zoo:")][:2] + [s for s in specs if s.startswith("zoo:")][:1]
     presets = [p for p in preset_names() if p != "local"]
-    names = list(HEURISTICS) + ["search"] + (["learned"] if ctx["learned"] is not None else [])
+    names = list(heuristic_names()) + ["search"] + (["learned"] if ctx["learned"] is not None else [])
     task = bar.add_task("2 simulator scale", total=len(specs) * len(presets) * len(names), detail="")
     graphs, rows, skipped = {}, [], {}
     for spec in specs:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from opsched.backends.profiler import DEFAULT_CACHE_DIR
 from opsched.backends.runtime_fit import (
     DETAIL_PLANS,
     QUIET_CORES,
@@ -40,6 +39,7 @@ from opsched.backends.runtime_fit import (
     simulate,
 )
 from opsched.benchmarks.harness import DEFAULT_OUT, save_figure
+from opsched.cache import profiles_dir
 from opsched.errors import OpschedError
 from opsched.timing import summary
 from opsched.zoo import ZOO
@@ -101,7 +101,7 @@ def analyse(runs: Sequence[RuntimeRun], machine: Any, planning: Any, perf: Any,
             fresh: Mapping[str, set[str]]) -> dict[str, Any]:
     """Per plan its measured time and the three simulated columns (:data:`COLUMNS`);
     per model and pooled the scores over the fresh plans."""
-    from opsched.backends.runtime import PlanningModel
+    from opsched.engine.models.runtime import PlanningModel
 
     rows, refits = [], {}
     for r in runs:
@@ -323,8 +323,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="start no further round after this many seconds of measuring (default 330; quick 90)")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 1 warm-up + 2 runs (a smoke run)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default runs/bench)")
-    ap.add_argument("--profiles", default=str(DEFAULT_CACHE_DIR),
-                    help="profile cache of `opsched profile`: the profiles and the runtime model (default runs/profiles)")
+    ap.add_argument("--profiles", default=str(profiles_dir()),
+                    help="profile cache of `opsched profile`: the profiles and the runtime model (default: the per-user cache, `opsched cache --path`)")
     ap.add_argument("--from-raw", "--reuse", dest="from_raw", metavar="FILE",
                     help="re-analyse the measurements of an earlier run (its sim_to_real_raw.json or "
                          "sim_to_real.json) instead of measuring; the plans must be the same")
@@ -368,8 +368,8 @@ def evaluate(args: argparse.Namespace, command: str,
     digests to match.  Per model and pooled: median absolute percentage error
     and Spearman's rank correlation (targets :data:`TARGET_MDAPE`,
     :data:`TARGET_SPEARMAN`)."""
-    from opsched.backends.profiler import cache_path
-    from opsched.backends.runtime import PlanningModel
+    from opsched.engine.models.runtime import PlanningModel
+    from opsched.engine.profiles import cache_path
     from opsched.io import atomic_write_text
     from opsched.machine import Machine
     from opsched.planning import describe

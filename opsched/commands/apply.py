@@ -10,51 +10,52 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.backends.registry import help_text, names
+from opsched.commands.app import app, console_for, progress_option, want_progress
 from opsched.errors import OpschedError
 from opsched.measured import DEFAULT_TOP
 from opsched.progress import progress_bar
+from opsched.real_apply import SAME_BAND, ApplyResult, run_apply
 
 
-def print_result(result: dict[str, Any], console: Console) -> None:
-    t = Table(title=f"{result['model']} (batch {result['batch']}, {result['n_ops']} ops) on {result['machine']} "
-                    f"({result['cores']} cores, {result['backend']}): median of {result['repeats']} interleaved runs")
+def print_result(result: ApplyResult, console: Console) -> None:
+    t = Table(title=f"{result.model} (batch {result.batch}, {result.n_ops} ops) on {result.machine} "
+                    f"({result.cores} cores, {result.backend}): median of {result.repeats} interleaved runs, each "
+                    "after the previous run's threads went quiet")
     t.add_column("configuration", no_wrap=True)
     t.add_column("plan")
     t.add_column("ms / run", justify="right", no_wrap=True)
     t.add_column("quartiles", justify="right", no_wrap=True)
-    t.add_column(f"speed-up vs {result['reference']}", justify="right")
+    t.add_column(f"speed-up vs {result.reference}", justify="right")
+    t.add_column("per round", justify="center", no_wrap=True)
     t.add_column("= eager", justify="center", no_wrap=True)
-    for r in result["rows"]:
-        ok = "[green]yes[/green]" if r["outputs_equal_eager"] else "[bold red]NO[/bold red]"
-        t.add_row(r["config"], r["plan"], f"{r['median_s'] * 1e3:.2f}",
-                  f"{r['q1_s'] * 1e3:.1f}-{r['q3_s'] * 1e3:.1f}", f"{r['speedup']:.2f}x", ok)
+    for r in result.rows:
+        ok = "[green]yes[/green]" if r.outputs_equal_eager else "[bold red]NO[/bold red]"
+        verdict = {"faster": "[green]faster[/green]", "slower": "[red]slower[/red]", "same": "same",
+                   "reference": "-"}[r.verdict]
+        t.add_row(r.config, r.plan, f"{r.median_s * 1e3:.2f}", f"{r.q1_s * 1e3:.1f}-{r.q3_s * 1e3:.1f}",
+                  f"{r.speedup:.2f}x", verdict, ok)
     console.print(t)
-    planned = (f"planned in {result['plan_s'] * 1e3:.1f} ms" if result["plan_s"] is not None else "saved plan")
-    console.print(f"policy: {result['policy']} ({planned}{', coarsened' if result['coarsened'] else ''}); "
-                  f"planning model: {result['perf_model']}; policy vs critical-path-first: "
-                  f"{result['policy_vs_cpf']:.2f}x")
-    measured = result.get("measured")
-    if measured:
-        times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(measured.items(), key=lambda kv: kv[1]))
-        console.print(f"the policy's candidates timed here before choosing: {times}; kept {result['chosen']}")
-    for key, why in result["fallbacks"].items():
+    planned = (f"planned in {result.plan_s * 1e3:.1f} ms" if result.plan_s is not None else "saved plan")
+    console.print(f"policy: {result.policy} ({planned}{', coarsened' if result.coarsened else ''}); "
+                  f"planning model: {result.perf_model}; policy vs critical-path-first: "
+                  f"{result.policy_vs_cpf:.2f}x")
+    console.print(f"'per round': faster / slower only when the time ratio to {result.reference} is beyond "
+                  f"{SAME_BAND:.0%} in at least three rounds of four (its quartiles), else the same speed")
+    if result.measured:
+        times = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(result.measured.items(), key=lambda kv: kv[1]))
+        console.print(f"the policy's candidates timed here before choosing: {times}; kept {result.chosen}")
+    for key, why in result.fallbacks.items():
         console.print(f"[yellow]{key} runs eagerly: {why}[/yellow]")
-    if result["load_warning"]:
-        console.print(f"[bold yellow]warning:[/bold yellow] {result['load_warning']}", markup=True)
-    if result["backend"] == "ort":
-        console.print("ort: '= eager' compares with ONNX Runtime's sequential run (and, for a PyTorch model, that "
-                      "run with eager PyTorch); a plan runs as ONNX Runtime sessions on lanes "
-                      "(opsched.backends.ort_backend)")
-    if result["backend"] == "tf":
-        console.print("tf: '= eager' compares with eager Keras, model(x); a plan runs with one process-wide "
-                      "intra-op pool, its order and co-running as control dependencies (opsched.backends.tf_cpu)")
+    if result.load_warning:
+        console.print(f"[bold yellow]warning:[/bold yellow] {result.load_warning}", markup=True)
+    if result.note:
+        console.print(result.note)
 
 
 @app.command("apply")
@@ -64,10 +65,8 @@ def apply_cmd(
                               "(factory(batch) returns (nn.Module, example_inputs) or a built Keras model)."),
     backend: str = typer.Option("auto", "--backend", help="Runtime: auto (ort for PyTorch models that export to "
                                 "ONNX with matching outputs, else torch-cpu; tf for Keras models; ort for .onnx "
-                                "files), torch-cpu (PyTorch's kernels), tf (TensorFlow's CPU runtime; rows "
-                                "tf-default and tf-recommended replace eager), or ort (ONNX Runtime's kernels as "
-                                "co-running sessions, or its one session when no plan is predicted faster; row "
-                                "ort-sequential, ONNX Runtime's own sequential run, is the reference)."),
+                                "files), or one of: " + help_text(names(apply=True)) + ". The first row is the "
+                                "framework's own run (eager; tf-default; ort-sequential), the reference."),
     policy: str = typer.Option(None, "--policy", "-p", help="Exported policy folder (runs/<run>/policy), or a "
                                "heuristic's name. Default: the shipped pretrained policy."),
     batch: int = typer.Option(1, "--batch", "-b", help="Batch size."),
@@ -92,7 +91,6 @@ def apply_cmd(
     """Schedule a model with a learned policy and run it on this CPU: eager (or TensorFlow's own settings) vs
     critical-path-first vs the policy, outputs checked, medians of interleaved rounds."""
     from opsched.io import atomic_write_text, next_run_dir
-    from opsched.real_apply import run_apply
 
     console = console_for()
     with progress_bar(console=console_for(stderr=True), enabled=want_progress(progress), transient=True) as bar:
@@ -107,13 +105,13 @@ def apply_cmd(
     print_result(result, console)
     if save_plan is not None:
         console.print(f"plan saved to {save_plan} (run it again with --plan {save_plan})")
-    text = json.dumps(result, indent=1, default=str) + "\n"
+    text = json.dumps(result.to_dict(), indent=1, default=str) + "\n"
     run_dir = next_run_dir(out, "apply")
     atomic_write_text(run_dir / "apply.json", text)
     console.print(f"measurements in [bold]{run_dir / 'apply.json'}[/bold]")
     if json_out is not None:
         atomic_write_text(json_out, text)
-    bad = [r["config"] for r in result["rows"] if not r["outputs_equal_eager"]]
+    bad = [r.config for r in result.rows if not r.outputs_equal_eager]
     if bad:
         raise OpschedError(f"apply: the outputs of {', '.join(bad)} differ from eager execution")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from opsched.benchmarks.run_all import SECTIONS
-from opsched.cli import app
+from opsched.commands.app import app
 
 
 @app.command("bench")

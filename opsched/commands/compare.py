@@ -31,7 +31,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.backends.registry import help_text
+from opsched.commands.app import app, console_for, progress_option, want_progress
 from opsched.errors import OpschedError
 from opsched.progress import progress_bar
 
@@ -88,11 +89,14 @@ def _time_of(trace: Any, measured: bool) -> float:
     return float(trace.makespan)
 
 
-def _framework(graph: Any) -> str:
-    """The framework a graph's executable source comes from."""
-    if type(graph.source).__name__ == "OnnxSource":
-        return "ONNX"
-    return "TensorFlow" if type(graph.source).__name__ == "TFSource" else "PyTorch"
+#: The importer an executable graph source comes from (what a backend spec's ``runs`` names).
+_IMPORTER_OF_SOURCE = {"OnnxSource": "onnx", "TFSource": "keras", "TorchSource": "torch"}
+_WORDS = {"onnx": "ONNX", "keras": "TensorFlow", "torch": "PyTorch"}
+
+
+def _importer(graph: Any) -> str:
+    """The importer (``torch``, ``keras``, ``onnx``) of a graph's executable source."""
+    return _IMPORTER_OF_SOURCE.get(type(graph.source).__name__, "torch")
 
 
 def _distinct_names(policies: list) -> list:
@@ -110,12 +114,11 @@ def _distinct_names(policies: list) -> list:
     return policies
 
 
-#: The real backend that runs a framework's graphs.
-_BACKEND_OF = {"TensorFlow": "tf", "ONNX": "ort", "PyTorch": "torch-cpu"}
+def _backend_for(importer: str) -> str:
+    """The first registered real backend that runs graphs of ``importer``."""
+    from opsched.backends.registry import BACKENDS
 
-
-def _framework_of_backend(name: str) -> str:
-    return "TensorFlow" if name == "tf" else "ONNX" if name == "ort" else "PyTorch"
+    return next((s.name for s in BACKENDS.values() if s.real and importer in s.runs), "torch-cpu")
 
 
 def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_spec: str, *, batch: int = 1,
@@ -124,7 +127,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                 perf_model: str = "auto", command: str = "", progress: bool = True,
                 console: Console | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Run the comparison and write the run folder; returns (folder, result rows)."""
-    from opsched.backends.registry import BACKENDS, get_backend
+    from opsched.backends.registry import BACKENDS, get_backend, spec
     from opsched.engine.sim import cached_fingerprint, lower_bound
     from opsched.io import atomic_write_text, next_run_dir
     from opsched.machine import get_machine
@@ -142,9 +145,10 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         raise OpschedError(f"compare: --gantt must be one of {', '.join(GANTT)}, got {gantt!r}")
     if backend_name not in BACKENDS:
         raise OpschedError(f"compare: unknown backend {backend_name!r}; choose from {', '.join(BACKENDS)}")
+    be_spec = spec(backend_name)
     machine = get_machine(machine_name)
     cached_fingerprint(machine)
-    if backend_name != "sim" and machine.name != "local":
+    if be_spec.real and machine.name != "local":
         raise OpschedError(f"compare: --backend {backend_name} measures this machine; use --machine local "
                            f"(not {machine_name!r}), or --backend sim for a preset")
     names = expand_names(policy_spec)
@@ -153,11 +157,12 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
     kwargs = {"random": {"seed": seed}, "search": {"n_trials": search_trials, "seed": seed}}
     policies = _distinct_names([get_policy(n, **kwargs.get(n, {})) for n in names])
     model = planning_model(machine, backend_name, perf_model)
-    backend_kwargs = {"model": model, "noise": noise, "seed": seed} if backend_name == "sim" else {}
-    if backend_name == "ort":  # plans are lowered to sessions through the schedule of the model they were made with
-        backend_kwargs = {"model": model}
+    backend_kwargs = {"model": model, "noise": noise, "seed": seed} if not be_spec.real else {}
     rounds_load: list[float] = []
     with get_backend(backend_name, machine, **backend_kwargs) as backend:
+        use_model = getattr(backend, "use_model", None)
+        if callable(use_model):  # plans are lowered through the schedule of the model they were made with
+            use_model(model)
         measured = backend.measured
         if repeats is None:
             repeats = 5 if measured or noise > 0 else 1
@@ -168,7 +173,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         with bar:
             t_load = bar.add_task("loading graphs", total=len(graphs))
             for spec in graphs:
-                if backend_name == "ort":  # the graph ONNX Runtime runs (a PyTorch model exported first)
+                if be_spec.runs == ("onnx",):  # the graph ONNX Runtime runs (a PyTorch model exported first)
                     from opsched.specs import load_onnx_graph
 
                     graph = load_onnx_graph(spec, batch=batch, width=width, seed=seed)
@@ -177,10 +182,11 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                 if measured and graph.source is None:
                     raise OpschedError(f"compare: graph {spec!r} has no executable source; synthetic and JSON "
                                        "graphs run only on --backend sim")
-                if measured and _framework(graph) != _framework_of_backend(backend_name):
-                    raise OpschedError(f"compare: graph {spec!r} is a {_framework(graph)} model; --backend "
-                                       f"{backend_name} runs {_framework_of_backend(backend_name)} models "
-                                       f"(use --backend {_BACKEND_OF.get(_framework(graph), 'torch-cpu')})")
+                if measured and _importer(graph) not in be_spec.runs:
+                    kind = _WORDS[_importer(graph)]
+                    raise OpschedError(f"compare: graph {spec!r} is a {kind} model; --backend {backend_name} runs "
+                                       f"{' and '.join(_WORDS.get(r, r) for r in be_spec.runs)} models (use "
+                                       f"--backend {_backend_for(_importer(graph))})")
                 cached_fingerprint(graph)  # hashed once here, not inside the first policy's decision time
                 loaded.append((spec, graph))
                 bounds[spec] = float(lower_bound(graph, machine, model))
@@ -381,8 +387,7 @@ def compare_cmd(
                                    "synthetic:FAMILY[:n=N], FAMILY:N:SEED, graph .json files, module.py:factory."),
     machine: str = typer.Option("local", "--machine", help="local, a preset (knl-68, xeon-8180-2s, dgx1-4v100, "
                                 "2x2080ti, 4xa6000), a machine YAML, or cpu:CORES:GFLOPS:GBS[:SOCKETS]."),
-    backend: str = typer.Option("sim", "--backend", help="sim, torch-cpu, torch-cuda, tf, or ort (ONNX Runtime's "
-                                "kernels as co-running sessions; PyTorch models are exported to ONNX)."),
+    backend: str = typer.Option("sim", "--backend", help="Where plans run: " + help_text() + "."),
     policies: str = typer.Option("all", "--policies", "-p",
                                  help="Comma-separated policy names; 'all' = every heuristic and the shipped "
                                       "learned policy; 'search' or an exported policy path may be added."),

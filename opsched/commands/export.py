@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opsched.cli import app, console_for
+from opsched.commands.app import app, console_for
 
 
 @app.command("export")

@@ -1,7 +1,7 @@
 """What the training commands share for their flags (``train-policy``, ``tune``).
 
-Kept apart from the command modules, which import :mod:`opsched.cli` (and so
-each other): the ``--hyperparams`` choices for ``--help``, read from
+Kept apart from the command modules so that both read it without importing
+each other: the ``--hyperparams`` choices for ``--help``, read from
 ``agents/hyperparams/ppo.yml`` as text (no torch), and the command line as the
 user typed it, which a run folder's ``command.txt`` records.
 """

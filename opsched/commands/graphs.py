@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.commands.app import app, console_for, progress_option, want_progress
 from opsched.progress import progress_bar
 from opsched.synthetic import FAMILIES
 from opsched.zoo import ZOO

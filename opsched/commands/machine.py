@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from opsched.cli import app, console_for
+from opsched.commands.app import app, console_for
 from opsched.machine import MACHINE_SPECS, PRESETS
 
 

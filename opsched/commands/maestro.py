@@ -18,7 +18,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.commands.app import app, console_for, progress_option, want_progress
 from opsched.machine import PRESETS
 from opsched.progress import progress_bar
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from opsched.cli import app, console_for, progress_option, want_progress
+from opsched.commands.app import app, console_for, progress_option, want_progress
 
 
 @app.command("profile")
@@ -58,7 +58,8 @@ def profile_cmd(
 ) -> None:
     """Profile each op of MODEL alone on real tensors at 1, 2, 4, ... threads, then fit the runtime model on
     measured plans (both cached and used by every later plan on this machine)."""
-    from opsched.backends.profiler import cache_path, profile_graph
+    from opsched.backends.profiler import profile_graph
+    from opsched.engine.profiles import cache_path
     from opsched.errors import OpschedError
     from opsched.machine import Machine
     from opsched.specs import load_graph
@@ -143,8 +144,8 @@ def _profile_ort(console, spec: str, batch: int, width: float, seed: int, machin
                  interference: bool, runtime: bool, n_plans: int, out: Path, top: int, progress: bool | None) -> None:
     """``--backend ort``: ONNX Runtime's kernel profile, then the ort runtime model."""
     from opsched.backends.ort_profiler import ort_cache_dir, profile_ort
-    from opsched.backends.profiler import cache_path
     from opsched.backends.runtime_fit import GraphRef
+    from opsched.engine.profiles import cache_path
     from opsched.specs import load_onnx_graph
 
     with console.status(f"importing {spec} into ONNX Runtime"):
@@ -167,8 +168,8 @@ def _fit_runtime(console, backend: str, graph, ref, machine, out: Path, n_plans:
     predicts those plans (in-sample)."""
     import numpy as np
 
-    from opsched.backends.runtime import PlanningModel
     from opsched.backends.runtime_fit import runtime_path, simulate
+    from opsched.engine.models.runtime import PlanningModel
     from opsched.planning import planning_model
     from opsched.progress import progress_bar
 

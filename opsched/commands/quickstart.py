@@ -26,7 +26,7 @@ from typing import Optional
 import typer
 from rich.rule import Rule
 
-from opsched.cli import app, console_for, progress_option
+from opsched.commands.app import app, console_for, progress_option
 from opsched.machine import MACHINE_SPECS
 from opsched.policies.exported import pretrained_path
 

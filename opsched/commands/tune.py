@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from opsched.cli import app, progress_option, want_progress
+from opsched.commands.app import app, progress_option, want_progress
 from opsched.commands.flags import hyperparams_help, typed_command
 
 

@@ -10,7 +10,7 @@
   environment (``opsched.envs``), the exported scheduler (``opsched.policies``)
   and imitation (``opsched.agents``) all drive.
 
-Submodules are imported on first use (``opsched.backends.perfmodel`` imports
+Submodules are imported on first use (``opsched.engine.models.analytic`` imports
 the contracts, and the simulator imports the analytic model).
 """
 

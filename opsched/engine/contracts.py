@@ -1,12 +1,64 @@
-"""The engine's typed contracts: the time table, and the three plug-ins it plans with.
+"""The engine's typed contracts, and the one vocabulary of opsched.
+
+Glossary (every module, docstring and variable uses these words for these things):
+
+network
+    The user's model: an ``nn.Module``, a Keras model, an ONNX file.  Never
+    called "model" in code that also holds one of the models below.
+graph
+    An :class:`~opsched.graph.OpGraph`: the network's ops and tensor edges as
+    an importer made them (``graph.source`` runs it on a real backend).
+perf model
+    How long an op takes alone on a device with ``k`` threads, a transfer
+    between devices, co-run slowdown (:class:`PerfModel`: the analytic model,
+    the fitted model of measured profiles, the GPU model).
+runtime model
+    What a real backend adds beyond the ops' own times: hand-offs, OpenMP
+    spin and teams, per-node overheads (:class:`RuntimeModel`; fitted per
+    backend and machine by ``opsched profile``).
+planning model
+    A perf model joined to a backend's runtime model
+    (:class:`~opsched.engine.models.runtime.PlanningModel`), or a perf model
+    alone: what a policy plans with and the simulator prices a plan with
+    (:func:`opsched.planning.planning_model` chooses it, once).
+backend
+    What executes a plan (:class:`Backend`: the simulator, torch-cpu,
+    torch-cuda, tf, ort), named in :mod:`opsched.backends.registry`.  A
+    :class:`RuntimeModel` is not a backend.
+policy
+    Anything that turns (graph, machine, planning model) into a plan: the
+    heuristics (registered with roles), the exported learned policy, search.
+    The SB3 object that trains a policy is the "agent" (``MaskablePPO``).
+plan
+    Per op a device, a thread count, a priority and ``after`` ops
+    (:class:`~opsched.plan.Plan`); the one currency between policies and backends.
+trace
+    What a backend reports a plan did: per op its device, threads, start and
+    end (:class:`~opsched.trace.Trace`; measured, or simulated).
+core slot
+    One CPU core (or GPU stream) a running op holds; an op with ``k`` threads
+    holds ``k`` core slots.
+value slot
+    A position in a PyTorch runtime's flat list of tensor values
+    (:class:`~opsched.importers.torch_fx.TorchSource`).
+lane, segment
+    On the ``ort`` backend a plan is lowered to *lanes* (threads, one per core
+    slot) running *segments* (sub-models of the graph, each an ONNX Runtime
+    session) in order (:mod:`opsched.backends.ort_lower`).
+train / validation / test
+    The three disjoint splits of graphs x machines (:mod:`opsched.agents.splits`):
+    training, selection while training (the evaluations, the best model),
+    and the figures quoted.  "held out" in older docs meant the validation split.
+
+The contracts:
 
 * :class:`PerfModel` -- how long an op takes alone on a device with ``k``
   threads, a transfer between devices, and how co-running ops slow each other
-  (``opsched.backends.perfmodel.AnalyticModel``, ``opsched.backends.fitted.FittedModel``).
+  (``opsched.engine.models.analytic.AnalyticModel``, ``opsched.engine.models.fitted.FittedModel``).
 * :class:`RuntimeModel` -- what a real backend adds beyond the ops' own times:
   in-situ op costs, hand-offs between its threads, OpenMP spin windows and
   teams, launch costs.  Fitted by ``opsched profile`` per backend and machine
-  (``opsched.backends.runtime``); the simulator takes it as a plug-in.
+  (``opsched.engine.models.runtime``); the simulator takes it as a plug-in.
 * :class:`Backend` -- executes a Plan (``run`` -> Trace; ``execute`` -> outputs),
   the simulator and every real runtime alike.
 

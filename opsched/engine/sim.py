@@ -92,16 +92,16 @@ import heapq
 import math
 import weakref
 from bisect import insort
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from opsched.backends.perfmodel import AnalyticModel
 from opsched.engine.contracts import PerfModel, TimeTable
+from opsched.engine.models.analytic import AnalyticModel
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace, TraceEvent
@@ -237,8 +237,7 @@ class SimStatic:
         return [f if f > 1.0 else 1.0 for f in self.runtime.corun_slowdown(self.devices[d], factors, times)]
 
 
-_STATIC_CACHE: OrderedDict[tuple[int, int, int], SimStatic] = OrderedDict()
-_STATIC_CACHE_SIZE = 128
+_STATIC_CACHE = IdentityLRU(128)
 
 
 def prepare(graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> SimStatic:
@@ -246,16 +245,8 @@ def prepare(graph: OpGraph, machine: Machine, model: PerfModel | None = None) ->
     is computed once per triple (keyed by identity; the cache holds the objects
     so identities stay valid, least recently used dropped beyond 128)."""
     model = _DEFAULT_MODEL if model is None else model
-    key = (id(graph), id(machine), id(model))
-    hit = _STATIC_CACHE.get(key)
-    if hit is not None:
-        _STATIC_CACHE.move_to_end(key)
-        return hit
-    static = SimStatic(graph, machine, model)
-    _STATIC_CACHE[key] = static
-    if len(_STATIC_CACHE) > _STATIC_CACHE_SIZE:
-        _STATIC_CACHE.popitem(last=False)
-    return static
+    return _STATIC_CACHE.get_or_make((id(graph), id(machine), id(model)), lambda: SimStatic(graph, machine, model),
+                                     graph, machine, model)
 
 
 # ---------------------------------------------------------------- engine
@@ -817,6 +808,60 @@ def _team_holders(st: SimState, s: SimStatic) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+# ------------------------------------------------------------- simulator
+class Simulator:
+    """Discrete-event execution of a Plan on ``machine`` with a performance model.
+
+    What every policy that scores plans uses (``Simulator(machine, model).makespan(graph, plan)``)
+    and what :class:`opsched.backends.sim.SimBackend` presents as a backend.
+    ``model`` defaults to the analytic model; a planning model
+    (:class:`~opsched.engine.models.runtime.PlanningModel`) also prices what its
+    real runtime adds (hand-offs, OpenMP spin and teams).  ``noise`` is the
+    sigma of a lognormal factor on every op's time (0: none), drawn from
+    ``numpy.random.default_rng(seed)``: a simulator built with the same seed
+    reproduces the same sequence of runs; ``run(..., seed=s)`` reproduces one run.
+    """
+
+    def __init__(self, machine: Machine, model: PerfModel | None = None, noise: float = 0.0, seed: int = 0) -> None:
+        if not (isinstance(noise, (int, float)) and math.isfinite(noise) and noise >= 0):
+            raise ValueError(f"Simulator: noise must be a finite number >= 0, got {noise!r}")
+        self.machine = machine
+        self.model = default_perf_model() if model is None else model
+        self.noise = float(noise)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+
+    def static(self, graph: OpGraph) -> SimStatic:
+        return prepare(graph, self.machine, self.model)
+
+    def validate(self, graph: OpGraph, plan: Plan) -> None:
+        """Plan.validate, with the fingerprints compared through a per-object cache."""
+        where = f"plan{' ' + repr(plan.policy) if plan.policy else ''} for graph {graph.name!r}"
+        if plan.graph_fingerprint and plan.graph_fingerprint != cached_fingerprint(graph):
+            raise PlanError(f"{where}: made for a different graph (fingerprint {plan.graph_fingerprint}, "
+                            f"this graph is {cached_fingerprint(graph)})")
+        if plan.machine_fingerprint and plan.machine_fingerprint != cached_fingerprint(self.machine):
+            raise PlanError(f"{where}: made for a different machine (fingerprint {plan.machine_fingerprint}, "
+                            f"machine {self.machine.name!r} is {cached_fingerprint(self.machine)})")
+        plan.validate(graph, self.machine, check_fingerprints=False)
+
+    def run(self, graph: OpGraph, plan: Plan, inputs: object = None, seed: int | None = None) -> Trace:
+        """Simulate ``plan`` (``inputs`` are ignored: the simulator computes no values)."""
+        self.validate(graph, plan)
+        s = self.static(graph)
+        noise = None
+        if self.noise > 0:
+            rng = self._rng if seed is None else np.random.default_rng(seed)
+            noise = rng.lognormal(0.0, self.noise, s.n).tolist()
+        st, throttled = replay(s, plan, noise)
+        meta = {"omp_throttled": True} if throttled else {}
+        return st.trace("sim", model=self.model.name, noise=self.noise, policy=plan.policy, **meta)
+
+    def makespan(self, graph: OpGraph, plan: Plan) -> float:
+        """Seconds ``plan`` takes on this machine under the model."""
+        return float(self.run(graph, plan).makespan)
 
 
 # ----------------------------------------------------------- lower bound

@@ -24,7 +24,7 @@ inputs, and the original model for reference sessions.  The ``ort`` backend
 
 PyTorch modules become ONNX with :func:`export_torch` (``torch.onnx.export``,
 ``dynamo=False``: the TorchScript exporter needs no onnxscript); the specs'
-exports are cached under ``runs/onnx_cache`` (:func:`cached_export`).
+exports are cached in the per-user cache's ``onnx/`` (:mod:`opsched.cache`) (:func:`cached_export`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from opsched.cache import onnx_dir
 from opsched.errors import ModelImportError
 from opsched.graph import Edge, Op, OpGraph
 
@@ -50,7 +51,6 @@ from opsched.graph import Edge, Op, OpGraph
 OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
               "all": "ORT_ENABLE_ALL"}
 DEFAULT_OPT_LEVEL = "all"
-DEFAULT_EXPORT_DIR = Path("runs") / "onnx_cache"
 
 _KINDS: dict[str, str] = {}
 for _kind, _names in {
@@ -263,6 +263,30 @@ def session_options(threads: int = 0, opt_level: str = "disable", spinning: bool
     return so
 
 
+def parse_model(model: str | Path | bytes | Any) -> Any:
+    """The ``onnx.ModelProto`` of a path, bytes or a proto; a file that is not a
+    well-formed ONNX model with a graph (random bytes, text, a truncated file, an
+    empty one) is a :class:`ModelImportError` naming it, never a protobuf traceback."""
+    import onnx
+
+    if hasattr(model, "graph") and hasattr(model, "SerializeToString"):
+        return model
+    where = repr(str(model)) if isinstance(model, (str, Path)) else "the given bytes"
+    data = _load_bytes(model)
+    if not data:
+        raise ModelImportError(f"ONNX model {where} is empty (0 bytes)")
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
+        raise ModelImportError(f"{where} is not an ONNX model: it does not parse as an onnx.ModelProto "
+                               f"({type(exc).__name__}: {exc}); the file is truncated, corrupt or of another "
+                               "format") from None
+    if not proto.HasField("graph") or not proto.graph.node:
+        raise ModelImportError(f"{where} is not an ONNX model with a graph (it parses, but holds no nodes): "
+                               "the file is truncated, corrupt or of another format")
+    return proto
+
+
 def _load_bytes(model: str | Path | bytes | Any) -> bytes:
     if isinstance(model, bytes):
         return model
@@ -418,7 +442,7 @@ def example_inputs(model: str | Path | bytes | Any, batch: int = 1, seed: int = 
     symbolic first dimension, 1 for other symbolic dimensions."""
     import onnx
 
-    proto = model if hasattr(model, "graph") else onnx.load_from_string(_load_bytes(model))
+    proto = parse_model(model)
     infos = []
     for gi in _graph_inputs(proto):
         tt = gi.type.tensor_type
@@ -435,17 +459,13 @@ def from_onnx(model: str | Path | bytes | Any, inputs: Sequence[Any] | None = No
     ``inputs``: example inputs (numpy arrays or tensors, one per graph input),
     which fix every shape; by default random ones, with ``batch`` for each
     input's symbolic first dimension (other symbolic dimensions: 1)."""
-    import onnx
 
     try:
         import onnxruntime  # noqa: F401
     except ImportError as exc:
         raise ModelImportError("importing ONNX models needs onnxruntime (pip install onnx onnxruntime)") from exc
-    data = _load_bytes(model)
-    try:
-        proto = onnx.load_from_string(data)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise ModelImportError(f"not an ONNX model: {type(exc).__name__}: {exc}") from None
+    proto = parse_model(model)
+    data = proto.SerializeToString() if not isinstance(model, (bytes, str, Path)) else _load_bytes(model)
     graph_inputs = _graph_inputs(proto)
     if name is None:
         name = Path(model).stem if isinstance(model, (str, Path)) else (proto.graph.name or "onnx")
@@ -517,26 +537,26 @@ def export_key(parts: Sequence[str], files: Sequence[Path] = ()) -> str:
 
 
 def cached_export(module: Any, inputs: Sequence[Any], key: str | None, name: str,
-                  cache_dir: str | Path | None = DEFAULT_EXPORT_DIR) -> bytes:
+                  cache_dir: str | Path | None | Literal[False] = None) -> bytes:
     """The ONNX bytes of ``module`` exported on ``inputs``; kept under ``cache_dir``
     as ``<name>_<key>.onnx`` when a ``key`` is given (else exported afresh)."""
-    if key is None or cache_dir is None:
+    if key is None or cache_dir is False:
         with tempfile.TemporaryDirectory(prefix="opsched-export-") as tmp:
             return export_torch(module, inputs, Path(tmp) / "model.onnx").read_bytes()
-    path = Path(cache_dir) / f"{name}_{key}.onnx"
+    path = onnx_dir(cache_dir) / f"{name}_{key}.onnx"
     if not path.is_file():
         export_torch(module, inputs, path)
     return path.read_bytes()
 
 
 def from_torch_via_onnx(module: Any, inputs: Sequence[Any], *, name: str = "model", key: str | None = None,
-                        cache_dir: str | Path | None = DEFAULT_EXPORT_DIR,
+                        cache_dir: str | Path | None | Literal[False] = None,
                         opt_level: str = DEFAULT_OPT_LEVEL) -> OpGraph:
     """A PyTorch module exported to ONNX (cached by ``key``) and imported with :func:`from_onnx`."""
     data = cached_export(module, inputs, key, name, cache_dir)
     return from_onnx(data, inputs, name=name, opt_level=opt_level)
 
 
-__all__ = ["DEFAULT_EXPORT_DIR", "DEFAULT_OPT_LEVEL", "OPT_LEVELS", "OnnxSource", "ValueInfo", "cached_export",
+__all__ = ["DEFAULT_OPT_LEVEL", "OPT_LEVELS", "OnnxSource", "ValueInfo", "cached_export",
            "example_inputs", "export_key", "export_torch", "from_onnx", "from_torch_via_onnx", "node_cost", "op_kind",
            "random_arrays", "session_options"]

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from opsched.backends.ort_runtime import OrtRuntime
-from opsched.backends.profiler import ProfileError
-from opsched.backends.runtime_record import RuntimeRecord
 from opsched.engine.contracts import PerfModel, RuntimeModel, TimeTable
+from opsched.engine.models.record import RuntimeRecord
+from opsched.engine.profiles import ProfileError
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
 
@@ -159,11 +158,6 @@ class TorchCPURuntime(RuntimeRecord):
                                f"got {vals['stream_overlap']!r}")
 
 
-#: Runtime models by backend name (what ``opsched profile`` fits and stores).
-#: (``"ort"``: :class:`~opsched.backends.ort_runtime.OrtRuntime`, the ONNX Runtime sessions backend.)
-RUNTIME_MODELS: dict[str, type[Any]] = {"torch-cpu": TorchCPURuntime, "ort": OrtRuntime}
-
-
 class PlanningModel:
     """A performance model plus a real backend's runtime model: what a plan will
     take on that backend (the :class:`~opsched.engine.contracts.PerfModel`
@@ -241,5 +235,5 @@ def cold_weight_bytes(graph: OpGraph) -> np.ndarray:
     return out
 
 
-__all__ = ["ATEN_GRAIN_SIZE", "INSITU_REF_S", "PARALLEL_KINDS", "RUNTIME_MODELS", "PlanningModel",
+__all__ = ["ATEN_GRAIN_SIZE", "INSITU_REF_S", "PARALLEL_KINDS", "PlanningModel",
            "TorchCPURuntime", "cold_weight_bytes"]

@@ -37,8 +37,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from opsched.backends.runtime_record import RuntimeRecord
 from opsched.engine.contracts import TimeTable
+from opsched.engine.models.record import RuntimeRecord
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
 

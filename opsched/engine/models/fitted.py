@@ -2,7 +2,7 @@
 
 Liu et al. (IPDPS'19) predict an op's time at any intra-op thread count from
 a few measured points with a lightweight model; this is that model, with the
-same public API as :class:`~opsched.backends.perfmodel.AnalyticModel` so the
+same public API as :class:`~opsched.engine.models.analytic.AnalyticModel` so the
 simulator and the schedulers take either.
 
 * **A profiled op** (matched by op id within the profiled graph, else by its
@@ -23,7 +23,7 @@ simulator and the schedulers take either.
 * **Another device** (a preset machine): the analytic model, scaled on CPUs by
   a per-kind machine factor (the geometric mean of measured / analytic times
   on the profiled CPU), which corrects the analytic model's systematic bias.
-* **Co-run interference**: :class:`~opsched.backends.interference.InterferenceFit`
+* **Co-run interference**: :class:`~opsched.engine.models.interference.InterferenceFit`
   refitted on every profile's measured pairs; the analytic term elsewhere.
 * **Transfers**: bytes / link bandwidth + latency (the machine's links).
 """
@@ -39,17 +39,17 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import nnls
 
-from opsched.backends.interference import InterferenceFit, PairRecord, fit_interference
-from opsched.backends.perfmodel import KIND_SERIAL, AnalyticModel
-from opsched.backends.profiler import (
-    DEFAULT_CACHE_DIR,
+from opsched.cache import profiles_dir
+from opsched.engine.contracts import RuntimeModel, TimeTable
+from opsched.engine.models.analytic import KIND_SERIAL, AnalyticModel
+from opsched.engine.models.interference import InterferenceFit, PairRecord, fit_interference
+from opsched.engine.profiles import (
     OpProfile,
     Profile,
     ProfileError,
     load_profiles,
     op_signature,
 )
-from opsched.engine.contracts import RuntimeModel, TimeTable
 from opsched.graph import Op, OpGraph
 from opsched.machine import Device, Machine
 
@@ -204,7 +204,7 @@ class FittedModel:
     """
 
     name = "fitted"
-    #: The ops alone (a real runtime's costs: :class:`~opsched.backends.runtime.PlanningModel`).
+    #: The ops alone (a real runtime's costs: :class:`~opsched.engine.models.runtime.PlanningModel`).
     runtime: RuntimeModel | None = None
 
     def __init__(self, profiles: Profile | Sequence[Profile], base: AnalyticModel | None = None,
@@ -465,14 +465,14 @@ class FittedModel:
 
     # ------------------------------------------------------------ loading
     @classmethod
-    def from_cache(cls, machine: Machine | None = None, cache_dir: str | Path = DEFAULT_CACHE_DIR,
+    def from_cache(cls, machine: Machine | None = None, cache_dir: str | Path | None = None,
                    **kwargs: object) -> FittedModel:
         """Fit on every cached profile of ``machine`` (default: this machine)."""
         machine = machine or Machine.probe()
         profs = load_profiles(machine, cache_dir)
         if not profs:
             raise ProfileError(f"no profiles of machine {machine.name!r} ({machine.fingerprint()}) in "
-                               f"{cache_dir}; run `opsched profile zoo:resnet50` (or any model) first")
+                               f"{profiles_dir(cache_dir)}; run `opsched profile zoo:resnet50` (or any model) first")
         return cls(profs, **kwargs)  # type: ignore[arg-type]
 
 

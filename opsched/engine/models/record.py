@@ -1,7 +1,7 @@
 """The file form of a fitted runtime model (``runs/profiles/runtime/<machine>/<backend>.json``).
 
-Every runtime model (:class:`~opsched.backends.runtime.TorchCPURuntime`,
-:class:`~opsched.backends.ort_runtime.OrtRuntime`) is a frozen dataclass of
+Every runtime model (:class:`~opsched.engine.models.runtime.TorchCPURuntime`,
+:class:`~opsched.engine.models.ort_runtime.OrtRuntime`) is a frozen dataclass of
 float fields plus the graphs it was fitted on; this mixin reads and writes
 that as JSON and checks every field, so a hand-edited or truncated file is an
 error that names the file and the field, never a silently wrong model.
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from opsched.backends.profiler import ProfileError
+from opsched.engine.profiles import ProfileError
 
 
 class RuntimeRecord:

@@ -8,7 +8,8 @@ and the learned policy's candidates) pick the highest-priority ready op
 wherever a core frees, which on a graph of many small nodes (an unrolled LSTM
 at batch 1) cuts it into hundreds of segments.
 
-:func:`lane_plan` is HEFT (Topcuoglu et al.) with the CPU's core slots as the
+:func:`lane_plan` is HEFT (Topcuoglu et al.; the one implementation,
+:func:`opsched.policies.heft.heft_schedule`, without insertion) with the CPU's core slots as the
 processors and a cross-lane hand-off as the communication cost: ops in
 decreasing upward rank, each on the lane where it finishes first, counting a
 hand-off for every input made on another lane - which keeps chains together
@@ -38,6 +39,8 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import Policy, build_plan, resolve_model
+from opsched.policies.heft import heft_schedule
+from opsched.policies.registry import register
 
 #: Hand-off cost the lanes are planned with when the model has no runtime model (seconds).
 DEFAULT_HANDOFF_S = 30e-6
@@ -45,53 +48,20 @@ DEFAULT_HANDOFF_S = 30e-6
 
 def _schedule(graph: OpGraph, lanes: int, cost: np.ndarray, wide: np.ndarray, handoff_s: float, cut_s: float,
               assign: Sequence[int] | None = None) -> tuple[list[int], list[float], list[float], list[tuple[int, ...]]]:
-    """List-schedule the ops in decreasing upward rank (a topological order) on
-    ``lanes``: each on its ``assign`` lane, or (``assign`` None) on the lane where
-    it finishes first (HEFT).  An input from another lane arrives ``handoff_s``
-    late; starting a new segment (an input from another lane, or after an op
-    another lane reads) costs ``cut_s``.  A wide op waits for every lane.
-    Returns each op's lane, start, finish and the ops it follows on its lanes."""
+    """HEFT (:func:`opsched.policies.heft.heft_schedule`, without insertion) on ``lanes`` identical
+    processors, the ops in decreasing upward rank: each on its ``assign`` lane, or (``assign`` None)
+    on the lane where it finishes first.  An input from another lane arrives ``handoff_s`` late;
+    starting a new segment (an input from another lane, or after an op another lane reads) costs
+    ``cut_s``.  A wide op waits for every lane.  Returns each op's lane, start, finish and the ops
+    it follows on its lanes."""
     n = len(graph.ops)
     rank = graph.upward_rank_array(cost)
     order = sorted(range(n), key=lambda i: (-rank[i], i))
-    free = [0.0] * lanes
-    last = [-1] * lanes
-    lane_of = [0] * n
-    finish = [0.0] * n
-    start = [0.0] * n
-    after: list[tuple[int, ...]] = [()] * n
-    read_elsewhere = [False] * n
-    preds = graph.pred_index
-    for i in order:
-        if wide[i] or lanes == 1:
-            ready = max([finish[p] + (handoff_s if lane_of[p] != 0 and not wide[p] else 0.0) for p in preds[i]],
-                        default=0.0)
-            s = max(ready, *free)
-            after[i] = tuple(x for x in set(last) if x >= 0)
-            lane_of[i], start[i], finish[i] = 0, s, s + cost[i] + (cut_s if lanes > 1 else 0.0)
-            free = [finish[i]] * lanes
-            last = [i] * lanes
-            continue
-        best = None
-        for lane in (range(lanes) if assign is None else (assign[i],)):
-            ready = max([finish[p] + (handoff_s if lane_of[p] != lane and not wide[p] else 0.0) for p in preds[i]],
-                        default=0.0)
-            s = max(ready, free[lane])
-            cut = (last[lane] >= 0 and read_elsewhere[last[lane]]) or any(
-                lane_of[p] != lane and not wide[p] for p in preds[i])
-            f = s + cost[i] + (cut_s if cut else 0.0)
-            if best is None or f < best[0] - 1e-12:
-                best = (f, lane, s)
-        f, lane, s = best  # type: ignore[misc]
-        for p in preds[i]:
-            if lane_of[p] != lane and not wide[p]:
-                read_elsewhere[p] = True
-        if last[lane] >= 0:
-            after[i] = (last[lane],)
-        lane_of[i], start[i], finish[i] = lane, s, f
-        free[lane] = f
-        last[lane] = i
-    return lane_of, start, finish, after
+    comp = np.repeat(np.asarray(cost, dtype=float)[:, None], lanes, axis=1)
+    edges = [(a, b) for b in range(n) for a in graph.pred_index[b]]
+    s = heft_schedule(comp, {}, edges, insertion=False, order=order, wide=wide, segment_cost=cut_s, assign=assign,
+                      tolerance=1e-12, transfer=lambda j, i, a, b: handoff_s)
+    return [int(q) for q in s.proc], s.start.tolist(), s.finish.tolist(), list(s.prev)
 
 
 def _plan(graph: OpGraph, machine: Machine, wide: np.ndarray, start: Sequence[float], finish: Sequence[float],
@@ -187,6 +157,7 @@ def cluster_plan(graph: OpGraph, machine: Machine, t1: np.ndarray, tk: np.ndarra
                  **meta)
 
 
+@register("ort-lanes", roles=(), order=60)
 class LanePlanner(Policy):
     """HEFT on lanes for the ``ort`` backend, the best of a few settings under the model."""
 
@@ -219,10 +190,10 @@ class LanePlanner(Policy):
         return out
 
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
-        from opsched.backends.sim import SimBackend
+        from opsched.engine.sim import Simulator
 
         model = resolve_model(model)
-        sim = SimBackend(machine, model=model)
+        sim = Simulator(machine, model=model)
         scored = {k: (sim.run(graph, p).makespan, p) for k, p in self.candidates(graph, machine, model).items()}
         key = min(scored, key=lambda k: scored[k][0])
         best = scored[key][1]

@@ -49,7 +49,7 @@ class AnalyticModel:
     """
 
     name = "analytic"
-    #: The ops alone: no real runtime's costs (see :class:`~opsched.backends.runtime.PlanningModel`).
+    #: The ops alone: no real runtime's costs (see :class:`~opsched.engine.models.runtime.PlanningModel`).
     runtime: RuntimeModel | None = None
 
     def __init__(self, launch_overhead_s: float = 4e-6, sync_overhead_s: float = 1.5e-6,

@@ -1,0 +1,1 @@
+"""Per-framework adapters of the one apply pipeline (:mod:`opsched.scheduled`)."""
