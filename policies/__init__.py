@@ -10,8 +10,8 @@ them the same way::
     plan = get_policy("critical-path-first").plan(graph, machine)
 
 ``"all"`` expands to every heuristic (:data:`HEURISTICS`) and ``learned``, the
-policy shipped with opsched; ``search`` is left out of ``all`` because it
-spends a trial budget of simulations per graph.
+policy shipped with opsched; ``search`` and ``cpsat`` are left out of ``all``
+because they spend a budget (simulations, CP-SAT seconds) per graph.
 """
 
 from __future__ import annotations
@@ -33,10 +33,16 @@ POLICIES: dict[str, str] = {
     "maestro": "opsched.policies.maestro:Maestro",
     "random": "opsched.policies.heuristics:RandomPolicy",
     "search": "opsched.policies.search:OptunaSearch",
+    # moldable-task scheduling (issue 23)
+    "cpa": "opsched.policies.cpa:CPA",
+    "bicpa": "opsched.policies.bicpa:BiCPA",
+    "lp-rounding": "opsched.policies.lp_rounding:LPRounding",
+    "cpsat": "opsched.policies.cpsat:CpSat",
 }
 #: What ``"all"`` means: every heuristic baseline, sequential first (the reference).
 HEURISTICS: tuple[str, ...] = (
     "sequential", "tf-default", "tf-recommended", "critical-path-first", "heft", "maestro", "random",
+    "cpa", "bicpa", "lp-rounding",
 )
 ALIASES: dict[str, str] = {"cpf": "critical-path-first", "graphi": "critical-path-first", "eager": "sequential",
                            "pretrained": "learned"}
