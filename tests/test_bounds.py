@@ -17,12 +17,14 @@ from opsched.backends.sim import SimBackend
 from opsched.engine.bounds import _hull, allocation_lp, allocation_lp_bound, allocations, cpsat_schedule
 from opsched.engine.sim import lower_bound, prepare
 from opsched.errors import OpschedError
+from opsched.hard import hard_machine
 from opsched.machine import PRESETS, get_machine
 from opsched.plan import Assignment, Plan
 from opsched.policies import get_policy
 from opsched.synthetic import FAMILIES, generate
 
-MACHINES = {**PRESETS, "cpu4": get_machine("cpu:4:50:10000"), "cpu6-slow-mem": get_machine("cpu:6:40:8")}
+MACHINES = {**PRESETS, "cpu4": get_machine("cpu:4:50:10000"), "cpu6-slow-mem": get_machine("cpu:6:40:8"),
+            "busy": hard_machine("busy", 1), "slow-links": hard_machine("slow-links", 1)}
 REL = 1e-9
 
 
@@ -57,7 +59,8 @@ def test_lp_bound_is_between_the_old_bound_and_every_simulated_makespan(family, 
 
 
 @settings(max_examples=10, deadline=None)
-@given(n_ops=st.integers(1, 20), seed=st.integers(0, 10_000), machine=st.sampled_from(["cpu6-slow-mem", "knl-68"]),
+@given(n_ops=st.integers(1, 20), seed=st.integers(0, 10_000),
+       machine=st.sampled_from(["cpu6-slow-mem", "knl-68", "busy"]),
        data=st.data())
 def test_lp_bound_over_every_thread_count_holds_for_plans_between_the_levels(n_ops, seed, machine, data):
     g, m = generate("layered", n_ops, seed), MACHINES[machine]
@@ -154,7 +157,8 @@ def test_cpsat_proves_small_graphs_optimal_and_its_plan_replays():
 @needs_ortools
 @settings(max_examples=6, deadline=None)
 @given(family=st.sampled_from(["layered", "erdos_renyi", "matmul_chains"]), n_ops=st.integers(2, 10),
-       seed=st.integers(0, 1000), machine=st.sampled_from(["cpu4", "xeon-8180-2s", "2x2080ti"]), data=st.data())
+       seed=st.integers(0, 1000), machine=st.sampled_from(["cpu4", "xeon-8180-2s", "2x2080ti", "busy"]),
+       data=st.data())
 def test_cpsat_bound_is_below_every_simulated_makespan(family, n_ops, seed, machine, data):
     g, m = generate(family, n_ops, seed), MACHINES[machine]
     res = cpsat_schedule(g, m, time_limit_s=2)

@@ -34,7 +34,10 @@ tight: transfers enter the LP through the fraction of the op's placement that
 differs from its producer's (``1/2 sum_d |x_i(d) - x_j(d)|``, exactly 1 for
 two different devices) times the *cheapest* link between any two devices for
 that edge's bytes; CP-SAT's durations and transfers are rounded *down* to its
-time unit.  The LP is solved in units of the old bound (so HiGHS's absolute
+time unit.  On a CPU with busy cores (``Device.busy_cores``) the simulator
+runs a team wider than the free cores at the pace of its slowest thread and
+shares the cores with the load, so both bounds price a team at that pace and
+the LP's slot capacity at ``cores^2 / (cores + busy)`` (see :func:`allocations`).  The LP is solved in units of the old bound (so HiGHS's absolute
 tolerances are relative ones) and reported ``(1 - 1e-6)`` low.
 
 Thread counts: opsched's policies give ops the device's thread levels
@@ -84,16 +87,22 @@ def allocations(static: SimStatic, thread_counts: str = "levels") -> list[list[A
     """Per op, every (device, thread count) allocation the bounds range over:
     the device's thread levels (``"levels"``) or every count up to its slots
     (``"all"``); a GPU op always takes one stream.  Infinite times (a level a
-    table lacks) are left out."""
+    table lacks) are left out.  On a CPU with busy cores a team of ``k > 1``
+    threads that opens a parallel region is never faster than
+    ``t(k) * ceil((k + busy) / cores)`` (the simulator's "Busy cores" rule:
+    the team waits for its slowest thread), and that is its time here."""
     if thread_counts not in THREAD_COUNTS:
         raise ValueError(f"thread_counts must be one of {', '.join(THREAD_COUNTS)}, got {thread_counts!r}")
     out: list[list[Allocation]] = [[] for _ in range(static.n)]
     for d, dev in enumerate(static.devices):
         ks: Sequence[int] = static.levels[d] if thread_counts == "levels" or dev.is_gpu \
             else range(1, dev.cores + 1)
+        busy = static.busy[d]
         for i in range(static.n):
             for k in ks:
                 t = static.time_and_demand(i, d, int(k))[0]
+                if busy and k > 1 and static.parallel[i]:
+                    t *= math.ceil((k + busy) / dev.cores)
                 if math.isfinite(t):
                     out[i].append(Allocation(d, int(k), float(t)))
     return out
@@ -240,7 +249,14 @@ def allocation_lp(graph: OpGraph, machine: Machine, model: PerfModel | None = No
             add(t_col, -1.0)
             b_ub.append(0.0)
             r += 1
-    # per device: slot-seconds <= slots x T; on a GPU also occupancy-seconds <= T
+    # per device: slot-seconds <= slots x T; on a GPU also occupancy-seconds <= T.  A CPU with busy cores
+    # progresses at most cores^2 / (cores + busy) slot-seconds per second: its computing threads W <= cores
+    # share the cores with the load, each at cores / (W + busy) at best (when every op opens a parallel
+    # region, so its threads are its slots)
+    capacity = [float(c) for c in s.caps]
+    for d in range(nd):
+        if s.busy[d] and all(s.parallel):
+            capacity[d] = s.caps[d] ** 2 / (s.caps[d] + s.busy[d])
     for d in range(nd):
         for occ_row in (False, True):
             if occ_row and (s.occupancy is None or not s.gpus[d]):
@@ -255,7 +271,7 @@ def allocation_lp(graph: OpGraph, machine: Machine, model: PerfModel | None = No
                         add(int(col0[i]) + k, w)
                         any_term = True
             if any_term:
-                add(t_col, -1.0 if occ_row else -float(s.caps[d]))
+                add(t_col, -1.0 if occ_row else -capacity[d])
                 b_ub.append(0.0)
                 r += 1
     # transfer share: z[e, d] >= |x_i(d) - x_j(d)|
