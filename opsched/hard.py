@@ -11,8 +11,9 @@ different machines of one kind):
   PISA's instances where HEFT places branches by their own finish time and
   then pays for moving heavy outputs to the join (Coleman and Krishnamachari
   found HEFT 3.6x off there);
-* ``hard:hetero-gpus`` -- one fast GPU and three that are 5x slower, PCIe
-  links: placement must weigh speed against transfers;
+* ``hard:hetero-gpus`` -- one fast GPU and three that are 4x slower, with
+  NVLink-class peer links: spreading independent chains pays only on the
+  right GPUs, and a heuristic that sees one device type (or one GPU) misses it;
 * ``hard:manycore`` -- a 64-72 core CPU of slow cores: with
   :func:`~opsched.synthetic.mixed_scaling`, thread scaling that is
   non-monotone and differs op by op (small ops slow down past a few threads);
@@ -43,7 +44,7 @@ from opsched.machine import Device, Link, Machine
 #: name -> one-line description of each hard machine.
 MACHINES: dict[str, str] = {
     "slow-links": "4 V100-class GPUs, 2 GB/s peer links through a host bridge",
-    "hetero-gpus": "one fast GPU and three 5x slower ones on PCIe",
+    "hetero-gpus": "one fast GPU and three 4x slower ones, NVLink-class peer links",
     "manycore": "a 64-72 core CPU of slow cores (non-monotone thread scaling)",
     "thin-memory": "48 cores, little memory bandwidth (strong co-run interference)",
     "busy": "a 32-core CPU with 8-16 cores busy with other work",
@@ -78,8 +79,10 @@ def hard_machine(name: str, seed: int = 0) -> Machine:
         return Machine(f"hard-slow-links-{seed}", (_host(rng), *gpus), tuple(links), MACHINES[name], src)
     if name == "hetero-gpus":
         gpus = [_gpu(0, rng, 19500.0, 1550.0, "A100-class GPU")]
-        gpus += [_gpu(i, rng, 3900.0, 320.0, "T4-class GPU") for i in range(1, 4)]
+        gpus += [_gpu(i, rng, 4875.0, 390.0, "a 4x slower GPU") for i in range(1, 4)]
         links = [Link("cpu", g.id, _jitter(rng, 12.0), 10.0) for g in gpus]
+        peer = _jitter(rng, 25.0)
+        links += [Link(a.id, b.id, peer, 5.0) for k, a in enumerate(gpus) for b in gpus[k + 1:]]
         return Machine(f"hard-hetero-gpus-{seed}", (_host(rng), *gpus), tuple(links), MACHINES[name], src)
     if name == "manycore":
         cores = int(rng.choice((64, 68, 72)))
@@ -109,7 +112,7 @@ def load_hard_machine(spec: str) -> Machine:
 PAIRS: dict[str, tuple[tuple[str, str], ...]] = {
     "fork-join/slow-links": (("fork_join:26:911", "hard:slow-links:911"), ("fork_join:42:912", "hard:slow-links:912"),
                              ("fork_join:34:913:width=6", "hard:slow-links:913")),
-    "hetero-gpus": (("transformer:60:914", "hard:hetero-gpus:914"), ("ffn:40:915", "hard:hetero-gpus:915"),
+    "hetero-gpus": (("matmul_chains:40:914", "hard:hetero-gpus:914"), ("matmul_chains:60:915", "hard:hetero-gpus:915"),
                     ("layered:80:916", "hard:hetero-gpus:916")),
     "non-monotone scaling": (("mixed_scaling:80:917", "hard:manycore:917"),
                              ("mixed_scaling:150:918", "hard:manycore:918"),
@@ -134,18 +137,18 @@ SEED_MODELS: dict[str, tuple[tuple[str, str], ...]] = {
 #: A share of the hard families for training: other graph seeds, other machine draws.
 TRAIN_PAIRS: tuple[tuple[str, str], ...] = (
     ("fork_join:26:11", "hard:slow-links:11"), ("fork_join:34:12:width=6", "hard:slow-links:12"),
-    ("transformer:60:13", "hard:hetero-gpus:13"), ("ffn:40:14", "hard:hetero-gpus:14"),
+    ("matmul_chains:40:13", "hard:hetero-gpus:13"), ("ffn:40:14", "hard:hetero-gpus:14"),
     ("mixed_scaling:80:15", "hard:manycore:15"), ("mixed_scaling:120:16", "hard:manycore:16"),
     ("memory_bound:80:17", "hard:thin-memory:17"), ("layered:100:18", "hard:busy:18"),
     ("mixed_scaling:60:19", "hard:busy:19"), ("dcgan:14:20", "random:20"),
 )
 
 
-def test_pairs() -> list[tuple[str, str, str]]:
+def evaluation_pairs() -> list[tuple[str, str, str]]:
     """(family, graph spec, machine spec) of every hard test pair, the seed models last."""
     out = [(fam, g, m) for fam, pairs in PAIRS.items() for g, m in pairs]
     out += [(f"seed models: {paper}", g, m) for paper, pairs in SEED_MODELS.items() for g, m in pairs]
     return out
 
 
-__all__ = ["MACHINES", "PAIRS", "SEED_MODELS", "TRAIN_PAIRS", "hard_machine", "load_hard_machine", "test_pairs"]
+__all__ = ["MACHINES", "PAIRS", "SEED_MODELS", "TRAIN_PAIRS", "hard_machine", "load_hard_machine", "evaluation_pairs"]
