@@ -87,11 +87,11 @@ class LoadedModel:
 
 
 def _available() -> str:
-    from opsched.synthetic import FAMILIES
+    from opsched.synthetic import GENERATORS
     from opsched.zoo import ZOO
 
     return (f"expected {SPEC_KINDS}; zoo models: {', '.join(ZOO)}; keras: any keras.applications name; "
-            f"synthetic families: {', '.join(FAMILIES)}")
+            f"synthetic families: {', '.join(GENERATORS)}")
 
 
 def _parse_options(parts: list[str], spec: str) -> dict[str, Any]:
@@ -327,7 +327,8 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
     ``cache_dir`` their JSON is kept there, keyed by the spec, the size and the
     importer sources, and reused -- such a graph carries no executable source
     (simulation only: training and evaluation in the simulator)."""
-    from opsched.synthetic import FAMILIES, generate
+    from opsched.synthetic import GENERATORS as FAMILIES
+    from opsched.synthetic import generate
     from opsched.zoo import ZOO
 
     if not isinstance(spec, str) or not spec.strip():

@@ -21,7 +21,7 @@ from opsched.hard import hard_machine
 from opsched.machine import PRESETS, get_machine
 from opsched.plan import Assignment, Plan
 from opsched.policies import get_policy
-from opsched.synthetic import FAMILIES, generate
+from opsched.synthetic import GENERATORS, generate
 
 MACHINES = {**PRESETS, "cpu4": get_machine("cpu:4:50:10000"), "cpu6-slow-mem": get_machine("cpu:6:40:8"),
             "busy": hard_machine("busy", 1), "slow-links": hard_machine("slow-links", 1)}
@@ -45,7 +45,7 @@ def random_plan(graph, machine, data, all_counts: bool = False) -> Plan:
 
 # ----------------------------------------------------------------- the LP
 @settings(max_examples=25, deadline=None)
-@given(family=st.sampled_from(sorted(FAMILIES)), n_ops=st.integers(1, 30), seed=st.integers(0, 10_000),
+@given(family=st.sampled_from(sorted(GENERATORS)), n_ops=st.integers(1, 30), seed=st.integers(0, 10_000),
        machine=st.sampled_from(sorted(MACHINES)), data=st.data())
 def test_lp_bound_is_between_the_old_bound_and_every_simulated_makespan(family, n_ops, seed, machine, data):
     g, m = generate(family, n_ops, seed), MACHINES[machine]

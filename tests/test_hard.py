@@ -78,6 +78,8 @@ def test_busy_cores_slow_a_team_to_its_slowest_thread():
 def test_hard_graphs_have_any_size(family, n):
     g = generate(family, n, 3)
     assert len(g.ops) == n and len(g.topological_order()) == n
+    assert generate(family, n, 3) == g  # seeded
+    assert load_graph(f"{family}:{n}:3") == g  # and a spec
 
 
 def test_fork_join_heavy_branches_write_big_tensors_into_the_join():

@@ -18,7 +18,7 @@ from opsched.policies import HEURISTICS, get_policy
 from opsched.policies.cpa import cpa_allocation
 from opsched.policies.lp_rounding import SETTINGS, jz_mu, ltw_mu, round_allocation
 from opsched.policies.moldable import cpu_problem, longest_paths
-from opsched.synthetic import FAMILIES, generate
+from opsched.synthetic import GENERATORS, generate
 
 MOLDABLE = ("cpa", "bicpa", "lp-rounding")
 MACHINES = {**PRESETS, "cpu8": get_machine("cpu:8:50:10000")}
@@ -32,7 +32,7 @@ def test_registered_as_heuristics():
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(family=st.sampled_from(sorted(FAMILIES)), n_ops=st.integers(1, 50), seed=st.integers(0, 10_000))
+@given(family=st.sampled_from(sorted(GENERATORS)), n_ops=st.integers(1, 50), seed=st.integers(0, 10_000))
 def test_moldable_plans_are_valid_schedules_and_bicpa_never_loses_to_cpa(machine, family, n_ops, seed):
     m = MACHINES[machine]
     g = generate(family, n_ops, seed)
