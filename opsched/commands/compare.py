@@ -139,10 +139,9 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
     from opsched.engine.bounds import allocation_lp_bound
     from opsched.engine.sim import cached_fingerprint, lower_bound
     from opsched.io import atomic_write_text, next_run_dir
-    from opsched.machine import get_machine
     from opsched.planning import describe, planning_model
     from opsched.policies import expand_names, get_policy, timed_plan
-    from opsched.specs import load_graph
+    from opsched.specs import load_graph, load_machine
     from opsched.timing import Timings, interleave
 
     console = console or Console()
@@ -156,7 +155,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         raise OpschedError(f"compare: --gantt must be one of {', '.join(GANTT)}, got {gantt!r}")
     if backend_name not in BACKENDS:
         raise OpschedError(f"compare: unknown backend {backend_name!r}; choose from {', '.join(BACKENDS)}")
-    machine = get_machine(machine_name)
+    machine = load_machine(machine_name)  # presets, YAML, cpu:..., random:SEED, hard:NAME:SEED
     cached_fingerprint(machine)
     if backend_name != "sim" and machine.name != "local":
         raise OpschedError(f"compare: --backend {backend_name} measures this machine; use --machine local "
