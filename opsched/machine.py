@@ -53,6 +53,7 @@ DEVICE_FIELDS: dict[str, str] = {
     "sockets": "CPU sockets the cores are spread over (1 for a GPU)",
     "smt": "hardware threads per core (2 with hyper-threading); plans use physical cores",
     "name": "free text: the model name",
+    "busy_cores": "CPU: cores busy with other work on average (the machine's load; 0: idle)",
 }
 #: Fields a device must give (the others have defaults).
 DEVICE_REQUIRED = ("id", "kind", "cores", "gflops", "mem_bandwidth_gbs", "memory_gb")
@@ -108,6 +109,9 @@ class Device:
     sockets: int = 1
     smt: int = 1
     name: str = ""
+    #: Cores taken by other work (the machine's load, on average); 0 = an idle machine.  The
+    #: simulator shares the cores between the plan's threads and this load (``opsched.engine.sim``).
+    busy_cores: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
@@ -124,7 +128,11 @@ class Device:
             "gflops": _real(where, "gflops", self.gflops, positive=True),
             "mem_bandwidth_gbs": _real(where, "mem_bandwidth_gbs", self.mem_bandwidth_gbs, positive=True),
             "memory_gb": _real(where, "memory_gb", self.memory_gb, positive=False),
+            "busy_cores": _real(where, "busy_cores", self.busy_cores, positive=False),
         }
+        if checked["busy_cores"] and (self.kind == "gpu" or checked["busy_cores"] >= checked["cores"]):
+            raise MachineError(f"{where}: busy_cores must be below cores ({self.cores}) and 0 on a GPU, "
+                               f"got {self.busy_cores!r}")
         if checked["sockets"] > checked["cores"]:
             raise MachineError(f"{where}: sockets ({self.sockets}) cannot exceed cores ({self.cores})")
         for key, value in checked.items():  # canonical types: 8 and 8.0 give one fingerprint
@@ -282,7 +290,7 @@ class Machine:
             "name": self.name,
             "description": self.description,
             "source": self.source,
-            "devices": [asdict(d) for d in self.devices],
+            "devices": [_device_dict(d) for d in self.devices],
             "links": [asdict(link) for link in self.links],
         }
 
@@ -413,6 +421,15 @@ class Machine:
             description=f"this machine ({platform.node() or 'unknown host'}): {model}",
             source="Machine.probe()",
         )
+
+
+def _device_dict(device: Device) -> dict[str, Any]:
+    """A device's fields; ``busy_cores`` only on a loaded machine, so an idle
+    machine's description and fingerprint are what they were before the field."""
+    d = asdict(device)
+    if not d["busy_cores"]:
+        del d["busy_cores"]
+    return d
 
 
 def _make(cls: type, raw: Any, label: str, fields_doc: Mapping[str, str], required: tuple[str, ...],

@@ -109,7 +109,21 @@ class Plan:
 
     def _check_after_acyclic(self, graph: OpGraph, where: str) -> None:
         from opsched.errors import GraphError
-        from opsched.graph import Edge
+        from opsched.graph import Edge, kahn_order
+
+        # Kahn's algorithm over the graph's edges plus the holds: milliseconds less than building
+        # the extended OpGraph, which is only built (for its message naming the cycle) when there is one
+        index = graph.index
+        succ = [list(x) for x in graph.succ_index]
+        indeg = {i: len(p) for i, p in enumerate(graph.pred_index)}
+        for op_id, a in self.assignments.items():
+            i = index[op_id]
+            for dep in a.after:
+                if dep != op_id:
+                    succ[index[dep]].append(i)
+                    indeg[i] += 1
+        if len(kahn_order(indeg, succ)) == len(graph.ops):
+            return
 
         extra = [Edge(dep, op_id) for op_id, a in self.assignments.items() for dep in a.after if dep != op_id]
         try:

@@ -28,8 +28,9 @@ Graph and model specs (:func:`load_graph`, :func:`load_model`):
 ==================================  ==========================================
 
 Machine specs (:func:`load_machine`): ``local`` (this machine, probed), a
-preset, a YAML file, ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``, or
-``random:SEED`` (a draw of the randomized training family).
+preset, a YAML file, ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``,
+``random:SEED`` (a draw of the randomized training family), or
+``hard:NAME:SEED`` (a machine of the hard families, :mod:`opsched.hard`).
 
 Torch models (zoo and ``.py``) import through
 :func:`opsched.importers.torch_fx.from_torch`, so their graphs carry an
@@ -86,11 +87,11 @@ class LoadedModel:
 
 
 def _available() -> str:
-    from opsched.synthetic import FAMILIES
+    from opsched.synthetic import GENERATORS
     from opsched.zoo import ZOO
 
     return (f"expected {SPEC_KINDS}; zoo models: {', '.join(ZOO)}; keras: any keras.applications name; "
-            f"synthetic families: {', '.join(FAMILIES)}")
+            f"synthetic families: {', '.join(GENERATORS)}")
 
 
 def _parse_options(parts: list[str], spec: str) -> dict[str, Any]:
@@ -225,7 +226,8 @@ def _keras_application(spec: str, width: float, seed: int) -> Any:
 
 def load_machine(spec: str | Machine | None = None) -> Machine:
     """The machine a spec names: ``random:SEED`` (a draw of the randomized family
-    the policy trains on, :mod:`opsched.machine_family`), else
+    the policy trains on, :mod:`opsched.machine_family`), ``hard:NAME:SEED``
+    (:mod:`opsched.hard`), else
     :func:`opsched.machine.get_machine` (``local``, a preset, a YAML file,
     ``cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS]``)."""
     if isinstance(spec, str) and spec.startswith("random:"):
@@ -237,6 +239,10 @@ def load_machine(spec: str | Machine | None = None) -> Machine:
         except ValueError:
             raise MachineError(f"machine spec {spec!r}: expected random:SEED with an integer seed") from None
         return random_machine(seed)
+    if isinstance(spec, str) and spec.startswith("hard:"):  # the hard families' machines (issue 23)
+        from opsched.hard import load_hard_machine
+
+        return load_hard_machine(spec)
     return get_machine(spec)
 
 
@@ -321,7 +327,8 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
     ``cache_dir`` their JSON is kept there, keyed by the spec, the size and the
     importer sources, and reused -- such a graph carries no executable source
     (simulation only: training and evaluation in the simulator)."""
-    from opsched.synthetic import FAMILIES, generate
+    from opsched.synthetic import GENERATORS as FAMILIES
+    from opsched.synthetic import generate
     from opsched.zoo import ZOO
 
     if not isinstance(spec, str) or not spec.strip():

@@ -319,6 +319,123 @@ def transformer(n_ops: int = 60, seed: int = 0, heads: int = 8, batch: int | Non
                                              "batch": m, "width": d, "heads": heads}, n_ops, m, d)
 
 
+# ------------------------------------------------------------- hard families
+# Instances built to be hard for list heuristics (issue 23; paired with the
+# machines of :mod:`opsched.hard`, which measures each family's gap to the
+# best known plan).  Each is deterministic for a seed, any n_ops >= 1.
+
+def fork_join(n_ops: int = 26, seed: int = 0, width: int = 8, heavy: float = 0.5, batch: int | None = None,
+              width_dim: int | None = None) -> OpGraph:
+    """PISA's hard case for HEFT (Coleman and Krishnamachari): a fork of
+    ``width`` branches of big matmuls joined by one op, where the last op of
+    a ``heavy`` share of the branches writes a large tensor (16x its input)
+    the join reads.  On slow links a heavy branch belongs on the join's
+    device, a light one wherever it finishes first -- but a list heuristic
+    places each branch by its own finish time, before it sees the join."""
+    rng = np.random.default_rng(seed)
+    m, d = _placement_size(rng, batch, width_dim)
+    width = max(1, min(int(width), max(1, n_ops - 2)))
+    depth = max(1, (n_ops - 2) // width)
+    n_heavy = int(round(heavy * width))
+    heavy_set = set(rng.permutation(width)[:n_heavy].tolist())
+    ops, pairs = [_ew("in", m, d, "other")], []
+    ends = []
+    for b in range(width):
+        prev = 0
+        for k in range(depth):
+            last = k == depth - 1
+            if last and b in heavy_set:  # a wide projection: 16x the bytes of its input
+                ops.append(_mm(f"b{b}_out{k}", m, d, 16 * d))
+            else:
+                ops.append(_mm(f"b{b}_mm{k}", m, d, d))
+            pairs.append((prev, len(ops) - 1))
+            prev = len(ops) - 1
+        ends.append(prev)
+    reads = sum(ops[e].bytes_written for e in ends)
+    join = Op(id="join", name="concat_split_join", kind="concat_split", flops=0.0, bytes_read=reads,
+              bytes_written=4.0 * m * d, param_bytes=0.0, shape=(m, d), dtype="float32")
+    ops.append(join)
+    pairs += [(e, len(ops) - 1) for e in ends]
+    return _wire("fork_join", ops, pairs, {"source": "synthetic", "family": "fork_join", "seed": seed, "batch": m,
+                                           "width": width, "heavy": sorted(heavy_set)}, n_ops, m, d)
+
+
+def _sized_op(op_id: str, rng: np.random.Generator, lo: float, hi: float) -> Op:
+    """A conv or matmul whose FLOPs are log-uniform in [lo, hi] (small tensors)."""
+    flops = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+    kind = str(rng.choice(["conv", "matmul"]))
+    side = int(max(1, np.sqrt(flops / 2.0) // 64))
+    return Op(id=op_id, name=f"{kind}_{op_id}", kind=kind, flops=flops, bytes_read=4.0 * 64 * side * 2,
+              bytes_written=4.0 * 64 * side, param_bytes=4.0 * 64 * side, shape=(64, side), dtype="float32")
+
+
+def mixed_scaling(n_ops: int = 100, seed: int = 0, decades: float = 3.5) -> OpGraph:
+    """Layered wiring whose ops span ``decades`` orders of magnitude of FLOPs
+    (10^5 up): on a manycore CPU a small op is fastest on a few threads (a
+    team's sync cost grows with it) and a big one on all cores, so thread
+    scaling is non-monotone over the graph and no one team size fits."""
+    rng = np.random.default_rng(seed)
+    edges = layered_edges(n_ops, rng, 3.0)
+    ops = [_sized_op(f"n{i}", rng, 1e5, 1e5 * 10 ** decades) for i in range(n_ops)]
+    e = [Edge(ops[a].id, ops[b].id, ops[a].bytes_written) for a, b in edges]
+    return OpGraph(tuple(ops), tuple(e), name=f"mixed_scaling-{n_ops}-s{seed}",
+                   meta={"source": "synthetic", "family": "mixed_scaling", "seed": seed, "decades": decades})
+
+
+def memory_bound(n_ops: int = 80, seed: int = 0, compute_share: float = 0.25) -> OpGraph:
+    """Layered wiring of big elementwise and norm ops (bound by memory
+    bandwidth) with a ``compute_share`` of convolutions: on a machine with
+    little bandwidth co-running ops slow each other down
+    (:meth:`~opsched.engine.models.analytic.AnalyticModel.slowdown`)."""
+    rng = np.random.default_rng(seed)
+    edges = layered_edges(n_ops, rng, 4.0)
+    ops = [random_op(f"n{i}", rng, "conv" if rng.random() < compute_share
+                     else str(rng.choice(["elementwise", "norm", "elementwise", "pool"])))
+           for i in range(n_ops)]
+    inbytes = [0.0] * n_ops
+    for a, b in edges:
+        inbytes[b] += ops[a].bytes_written
+    ops = [replace(op, bytes_read=inbytes[i] + op.param_bytes) if inbytes[i] else op for i, op in enumerate(ops)]
+    e = [Edge(ops[a].id, ops[b].id, ops[a].bytes_written) for a, b in edges]
+    return OpGraph(tuple(ops), tuple(e), name=f"memory_bound-{n_ops}-s{seed}",
+                   meta={"source": "synthetic", "family": "memory_bound", "seed": seed})
+
+
+def dcgan(n_ops: int = 14, seed: int = 0, batch: int | None = None, width: float = 1.0) -> OpGraph:
+    """DCGAN's generator (Radford et al. 2016; one of Liu et al.'s four
+    networks): z (100) -> a projection to 4x4x(1024 w) -> four transposed
+    convolutions (5x5, stride 2, halving the channels, doubling the side; the
+    last to 3 channels at 64x64), batch norm and ReLU between, tanh at the
+    end.  The batch is ``batch``, or drawn from ``seed`` (16 to 128);
+    ``n_ops`` pads with a chain of activations as the other families do."""
+    batch = int(batch) if batch else int(np.random.default_rng(seed).choice((16, 32, 64, 128)))
+    c = int(1024 * width)
+    ops: list[Op] = [_mm("project", batch, 100, 16 * c)]
+    pairs: list[tuple[int, int]] = []
+    side, ch = 4, c
+    ops.append(Op(id="bn0", name="norm_bn0", kind="norm", flops=0.0, bytes_read=4.0 * batch * 16 * c,
+                  bytes_written=4.0 * batch * 16 * c, param_bytes=8.0 * c, shape=(batch, c, 4, 4), dtype="float32"))
+    pairs.append((0, 1))
+    for k in range(4):
+        out_ch = 3 if k == 3 else ch // 2
+        out_side = side * 2
+        flops = 2.0 * batch * out_side * out_side * out_ch * ch * 25 / 4  # stride 2: a quarter of the taps hit
+        act_in = 4.0 * batch * ch * side * side
+        act_out = 4.0 * batch * out_ch * out_side * out_side
+        ops.append(Op(id=f"deconv{k}", name=f"conv_deconv{k}", kind="conv", flops=flops,
+                      bytes_read=act_in + 4.0 * ch * out_ch * 25, bytes_written=act_out,
+                      param_bytes=4.0 * ch * out_ch * 25, shape=(batch, out_ch, out_side, out_side), dtype="float32"))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        kind = "elementwise" if k == 3 else "norm"
+        ops.append(Op(id=f"act{k}", name=f"{kind}_act{k}", kind=kind, flops=0.0, bytes_read=act_out,
+                      bytes_written=act_out, param_bytes=0.0, shape=(batch, out_ch, out_side, out_side),
+                      dtype="float32"))
+        pairs.append((len(ops) - 2, len(ops) - 1))
+        side, ch = out_side, out_ch
+    return _wire("dcgan", ops, pairs, {"source": "synthetic", "family": "dcgan", "seed": seed, "batch": batch,
+                                       "width": width}, max(n_ops, 1), batch, 16)
+
+
 FAMILIES: dict[str, Callable[..., OpGraph]] = {
     "layered": layered,
     "erdos_renyi": erdos_renyi,
@@ -329,20 +446,32 @@ FAMILIES: dict[str, Callable[..., OpGraph]] = {
 }
 #: The model-parallel families (graphs where placement over several GPUs can pay).
 PLACEMENT_FAMILIES = ("matmul_chains", "ffn", "transformer")
+#: The families made hard for list heuristics (:mod:`opsched.hard`), and DCGAN.  Kept apart from
+#: :data:`FAMILIES`, whose mix is the environment's default graph distribution; :func:`generate`
+#: and the ``FAMILY:N:SEED`` specs know both.
+HARD_FAMILIES: dict[str, Callable[..., OpGraph]] = {
+    "fork_join": fork_join,
+    "mixed_scaling": mixed_scaling,
+    "memory_bound": memory_bound,
+    "dcgan": dcgan,
+}
+#: Every generator by name.
+GENERATORS: dict[str, Callable[..., OpGraph]] = {**FAMILIES, **HARD_FAMILIES}
 
 
 def generate(family: str, n_ops: int = 100, seed: int = 0, **options: float) -> OpGraph:
     """A random graph of ``family`` with ``n_ops`` ops; deterministic for a seed."""
-    if family not in FAMILIES:
-        raise GraphError(f"unknown synthetic family {family!r}; the families are: {', '.join(FAMILIES)}")
+    if family not in GENERATORS:
+        raise GraphError(f"unknown synthetic family {family!r}; the families are: {', '.join(GENERATORS)}")
     if int(n_ops) < 1:
         raise GraphError(f"synthetic {family}: n_ops must be >= 1, got {n_ops}")
     try:
-        return FAMILIES[family](int(n_ops), int(seed), **options)
+        return GENERATORS[family](int(n_ops), int(seed), **options)
     except TypeError as exc:
         raise GraphError(f"synthetic {family}: bad option ({exc})") from None
 
 
-__all__ = ["FAMILIES", "KIND_MIX", "PLACEMENT_FAMILIES", "generate", "layered", "erdos_renyi", "watts_strogatz",
-           "matmul_chains", "ffn", "transformer",
+__all__ = ["FAMILIES", "GENERATORS", "HARD_FAMILIES", "KIND_MIX", "PLACEMENT_FAMILIES", "generate", "layered", "erdos_renyi",
+           "watts_strogatz", "matmul_chains", "ffn", "transformer", "fork_join", "mixed_scaling", "memory_bound",
+           "dcgan",
            "layered_edges", "erdos_renyi_edges", "watts_strogatz_edges", "random_op"]

@@ -11,8 +11,8 @@ training, the benchmarks and the Python API pick any of them the same way::
 
 ``"all"`` expands to every baseline and control heuristic (sequential first)
 and ``learned``, the policy shipped with opsched; policies without a role
-(``search``, which spends a trial budget of simulations per graph, and the
-ONNX Runtime lane planner) are named explicitly.
+(``search`` and ``cpsat``, which spend a budget of simulations or CP-SAT
+seconds per graph, and the ONNX Runtime lane planner) are named explicitly.
 """
 
 from __future__ import annotations

@@ -194,6 +194,9 @@ def test_sim_section_rows_summary_report_and_figure(tmp_path: Path) -> None:
     with H.progress_bar(disable=True) as bar:
         sim = sections.section_sim(args, ctx, tmp_path, bar)
     assert sim["rows"] and all(r["lb_ratio"] >= 1.0 - 1e-9 for r in sim["rows"])
+    # the ceiling columns (issue 23): the LP bound is the tighter one, the best plan of the pair is 1
+    assert all(r["tight_lb_ratio"] >= 1.0 - 1e-9 and r["lp_bound_s"] >= r["lower_bound_s"] * (1 - 1e-9)
+               and r["best_known_ratio"] >= 1.0 - 1e-9 for r in sim["rows"])
     assert {r["policy"] for r in sim["rows"]} >= {"sequential", "critical-path-first", "search"}
     assert set(sim["summary"]) == set(sim["presets"]) and not sim["skipped"]
     results = {"command": "test", "quick": True, "started": "now", "machine": H.machine_description(),

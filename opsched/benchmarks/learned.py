@@ -172,11 +172,16 @@ def search_gaps(policy: Any, trials: int, quick: bool) -> list[dict[str, Any]]:
 
 def exact_gaps(policy: Any, n_graphs: int = 8, time_limit_s: float = 20.0) -> list[dict[str, Any]]:
     """The policy against CP-SAT's optimum on small graphs (<= 25 ops) on a
-    4-core CPU without co-run interference (its memory bandwidth is ample)."""
+    4-core CPU without co-run interference (its memory bandwidth is ample):
+    :func:`opsched.engine.bounds.cpsat_schedule`, whose proven bound no plan
+    can beat there."""
+    from opsched.engine.bounds import cpsat_schedule, require_ortools
+    from opsched.errors import OpschedError
+
     try:
-        from ortools.sat.python import cp_model
-    except ImportError as exc:
-        return [{"skipped": f"OR-Tools is not installed ({exc}); pip install 'opsched[bench]'"}]
+        require_ortools()
+    except OpschedError as exc:
+        return [{"skipped": str(exc)}]
     from opsched.backends.sim import SimBackend
     from opsched.machine import get_machine
     from opsched.policies.hints import best_heuristic
@@ -187,41 +192,16 @@ def exact_gaps(policy: Any, n_graphs: int = 8, time_limit_s: float = 20.0) -> li
     for k in range(n_graphs):
         fam = ("layered", "erdos_renyi", "watts_strogatz")[k % 3]
         g = load_graph(f"{fam}:{12 + 13 * (k % 2)}:{950 + k}")
-        table = SimBackend(m).static(g).table
-        levels = m.cpu.thread_levels()
-        scale = 1e7  # 0.1 us units
-        dur = [[max(1, int(round(table.time(i, 0, t) * scale))) for t in levels] for i in range(len(g.ops))]
-        cp = cp_model.CpModel()
-        horizon = sum(max(d) for d in dur)
-        start, end, demands, intervals = [], [], [], []
-        for i in range(len(g.ops)):
-            s, e = cp.NewIntVar(0, horizon, f"s{i}"), cp.NewIntVar(0, horizon, f"e{i}")
-            lits = [cp.NewBoolVar(f"m{i}_{j}") for j in range(len(levels))]
-            cp.AddExactlyOne(lits)
-            for j, t in enumerate(levels):
-                iv = cp.NewOptionalIntervalVar(s, dur[i][j], e, lits[j], f"iv{i}_{j}")
-                intervals.append(iv)
-                demands.append(t)
-            start.append(s)
-            end.append(e)
-        cp.AddCumulative(intervals, demands, m.cpu.cores)
-        for a, b in g.edge_bytes:
-            cp.Add(start[b] >= end[a])
-        span = cp.NewIntVar(0, horizon, "makespan")
-        cp.AddMaxEquality(span, end)
-        cp.Minimize(span)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
-        solver.parameters.num_workers = 1
-        status = solver.Solve(cp)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            rows.append({"graph": g.name, "skipped": "CP-SAT found no solution in time"})
+        res = cpsat_schedule(g, m, time_limit_s=time_limit_s)
+        if res.plan is None:
+            rows.append({"graph": g.name, "skipped": f"CP-SAT found no solution in time ({res.status})"})
             continue
-        opt = solver.Value(span) / scale
+        opt = res.cp_makespan_s
         sim = SimBackend(m)
         mine = float(sim.run(g, policy.plan(g, m)).makespan)
         heur = best_heuristic(g, m)[2]
-        rows.append({"graph": g.name, "ops": len(g.ops), "optimum_s": opt, "proved_optimal": status == cp_model.OPTIMAL,
+        rows.append({"graph": g.name, "ops": len(g.ops), "optimum_s": opt, "proved_optimal": res.optimal,
+                     "lower_bound_s": res.lower_bound_s, "cp_plan_s": res.makespan_s,
                      "learned_s": mine, "best_heuristic_s": heur, "learned_gap": mine / opt - 1.0,
                      "heuristic_gap": heur / opt - 1.0})
     return rows

@@ -159,6 +159,15 @@ def md_sim(s: dict[str, Any]) -> list[str]:
                          if v else "skipped")
         L.append(f"| {pname} | " + " | ".join(cells) + " |")
     L += ["", "Each cell: makespan / lower bound, speedup over sequential, decision time.", ""]
+    if any("gmean_tight_lb_ratio" in v for by in s["summary"].values() for v in by.values()):
+        L += ["Against the allocation LP's bound and the best plan any policy here found for the pair "
+              "(geometric means): makespan / LP bound, makespan / best known.", "",
+              "| machine | " + " | ".join(pols) + " |", "|---|" + "---:|" * len(pols)]
+        for pname, by in s["summary"].items():
+            cells = [f"{by[p]['gmean_tight_lb_ratio']:.2f} / {by[p]['gmean_best_known_ratio']:.2f}"
+                     if by.get(p) and "gmean_tight_lb_ratio" in by[p] else "—" for p in pols]
+            L.append(f"| {pname} | " + " | ".join(cells) + " |")
+        L.append("")
     for key, why in s.get("skipped", {}).items():
         L.append(f"- {key}: skipped: {why}")
     if "learned" not in pols:

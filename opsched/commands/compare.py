@@ -11,6 +11,16 @@ always included: it is the reference of the speedup column.
 Output, in ``<out>/compare_<N>/``: ``results.csv`` and ``results.json``, the
 bar chart ``speedup.png``, a Gantt chart per policy and graph under
 ``gantt/``, every plan under ``plans/`` (replayable), and ``command.txt``.
+
+The ceiling columns (issue 23): ``lower_bound_s`` is max(critical path,
+work / capacity); ``lp_bound_s`` the allocation LP's bound
+(:func:`opsched.engine.bounds.allocation_lp_bound`), and ``tight_lb_ratio`` the
+makespan over the tighter of the two (and CP-SAT's proven bound when the
+``cpsat`` policy ran: ``--ceiling-s S`` adds it with S seconds per graph);
+``best_known_s`` is the fastest plan of this comparison for the graph and
+``best_known_ratio`` the makespan over it (``opsched.ceiling.best_known``
+searches harder).  The bounds are the simulator's: on a real backend they
+say how far the plans are from the model's limit, not the machine's.
 """
 
 from __future__ import annotations
@@ -37,7 +47,8 @@ from opsched.errors import OpschedError
 from opsched.progress import progress_bar
 
 CSV_FIELDS = ("graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
-              "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s")
+              "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s",
+              "lp_bound_s", "tight_lb_ratio", "best_known_s", "best_known_ratio")
 
 
 @dataclass
@@ -124,16 +135,16 @@ def _backend_for(importer: str) -> str:
 def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_spec: str, *, batch: int = 1,
                 width: float = 1.0, repeats: int | None = None, warmup: int = 1, out: str | Path = "runs",
                 seed: int = 0, noise: float = 0.0, search_trials: int = 100, gantt: str = "best",
-                perf_model: str = "auto", command: str = "", progress: bool = True,
+                perf_model: str = "auto", command: str = "", progress: bool = True, ceiling_s: float = 0.0,
                 console: Console | None = None) -> tuple[Path, list[dict[str, Any]]]:
     """Run the comparison and write the run folder; returns (folder, result rows)."""
     from opsched.backends.registry import BACKENDS, get_backend, spec
+    from opsched.engine.bounds import allocation_lp_bound
     from opsched.engine.sim import cached_fingerprint, lower_bound
     from opsched.io import atomic_write_text, next_run_dir
-    from opsched.machine import get_machine
     from opsched.planning import describe, planning_model
     from opsched.policies import expand_names, get_policy, timed_plan
-    from opsched.specs import load_graph
+    from opsched.specs import load_graph, load_machine
     from opsched.timing import Timings, interleave
 
     console = console or Console()
@@ -141,12 +152,14 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
         raise OpschedError("compare: --batch and --repeats must be >= 1, --width > 0, --warmup >= 0")
     if search_trials < 1:
         raise OpschedError(f"compare: --search-trials must be >= 1, got {search_trials}")
+    if ceiling_s < 0:
+        raise OpschedError(f"compare: --ceiling-s must be >= 0, got {ceiling_s}")
     if gantt not in GANTT:
         raise OpschedError(f"compare: --gantt must be one of {', '.join(GANTT)}, got {gantt!r}")
     if backend_name not in BACKENDS:
         raise OpschedError(f"compare: unknown backend {backend_name!r}; choose from {', '.join(BACKENDS)}")
     be_spec = spec(backend_name)
-    machine = get_machine(machine_name)
+    machine = load_machine(machine_name)  # presets, YAML, cpu:..., random:SEED, hard:NAME:SEED
     cached_fingerprint(machine)
     if be_spec.real and machine.name != "local":
         raise OpschedError(f"compare: --backend {backend_name} measures this machine; use --machine local "
@@ -154,7 +167,10 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
     names = expand_names(policy_spec)
     if "sequential" not in names:
         names.insert(0, "sequential")
-    kwargs = {"random": {"seed": seed}, "search": {"n_trials": search_trials, "seed": seed}}
+    if ceiling_s > 0 and "cpsat" not in names:
+        names.append("cpsat")
+    kwargs = {"random": {"seed": seed}, "search": {"n_trials": search_trials, "seed": seed},
+              "cpsat": {"time_limit_s": ceiling_s or 10.0, "seed": seed}}
     policies = _distinct_names([get_policy(n, **kwargs.get(n, {})) for n in names])
     model = planning_model(machine, backend_name, perf_model)
     backend_kwargs = {"model": model, "noise": noise, "seed": seed} if not be_spec.real else {}
@@ -168,6 +184,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
             repeats = 5 if measured or noise > 0 else 1
         results: dict[str, list[Result]] = {}
         bounds: dict[str, float] = {}
+        lp_bounds: dict[str, float] = {}
         loaded = []
         bar = progress_bar(console=console, enabled=progress)
         with bar:
@@ -190,6 +207,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                 cached_fingerprint(graph)  # hashed once here, not inside the first policy's decision time
                 loaded.append((spec, graph))
                 bounds[spec] = float(lower_bound(graph, machine, model))
+                lp_bounds[spec] = float(allocation_lp_bound(graph, machine, model))
                 bar.advance(t_load)
             run_dir = next_run_dir(out, "compare")  # only once every graph loaded: no empty folders
             atomic_write_text(run_dir / "command.txt", command + "\n")
@@ -237,7 +255,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
                                  title=f"{r.graph} / {r.policy} on {machine.name} ({backend_name}): "
                                        f"{r.median * 1e3:.3g} ms")
                     bar.advance(t_plot)
-    rows = _rows(results, bounds, backend_name, machine.name, repeats)
+    rows = _rows(results, bounds, backend_name, machine.name, repeats, lp_bounds)
     timings = Timings({}, rounds_load) if rounds_load else None
     load = timings.load_record() if timings is not None else None
     _write(run_dir, rows, results, dict(graphs=graphs, machine=machine.to_dict(), backend=backend_name,
@@ -271,11 +289,19 @@ def _gantt_rows(results: dict[str, list[Result]], which: str) -> list[Result]:
     return out
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("nan")
+
+
 def _rows(results: dict[str, list[Result]], bounds: dict[str, float], backend: str, machine: str,
-          repeats: int) -> list[dict[str, Any]]:
+          repeats: int, lp_bounds: dict[str, float] | None = None) -> list[dict[str, Any]]:
     rows = []
     for spec, rs in results.items():
         seq = next(r for r in rs if r.policy == "sequential").median
+        lp = (lp_bounds or {}).get(spec, float("nan"))
+        proven = [float(r.plan_meta["lower_bound_s"]) for r in rs if "lower_bound_s" in r.plan_meta]
+        tight = max([bounds[spec], *(x for x in (lp, *proven) if math.isfinite(x))])
+        best = min(r.median for r in rs)
         for r in rs:
             t = np.asarray(r.times)
             rows.append({
@@ -285,6 +311,8 @@ def _rows(results: dict[str, list[Result]], bounds: dict[str, float], backend: s
                 "speedup": seq / r.median if r.median > 0 else float("nan"),
                 "lb_ratio": r.median / bounds[spec] if bounds[spec] > 0 else float("nan"),
                 "decision_s": r.decision_s, "lower_bound_s": bounds[spec],
+                "lp_bound_s": lp, "tight_lb_ratio": _ratio(r.median, tight), "best_known_s": best,
+                "best_known_ratio": _ratio(r.median, best),
             })
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     for p in policies:
@@ -294,6 +322,8 @@ def _rows(results: dict[str, list[Result]], bounds: dict[str, float], backend: s
             "makespan_s": None, "min_s": None, "max_s": None, "iqr_s": None, "repeats": repeats,
             "speedup": _geomean([r["speedup"] for r in mine]), "lb_ratio": _geomean([r["lb_ratio"] for r in mine]),
             "decision_s": _geomean([r["decision_s"] for r in mine]), "lower_bound_s": None,
+            "lp_bound_s": None, "tight_lb_ratio": _geomean([r["tight_lb_ratio"] for r in mine]),
+            "best_known_s": None, "best_known_ratio": _geomean([r["best_known_ratio"] for r in mine]),
         })
     return rows
 
@@ -355,14 +385,15 @@ def _print_tables(console: Console, rows: list[dict[str, Any]], results: dict[st
                   caption=("spread: half the interquartile range of the repeats" if mine[0]["repeats"] > 1
                            else "spread: - (one simulated run is exact; --noise and --repeats add spread)"))
         for col in ("policy", "makespan ms" + (" (median)" if measured else ""), "spread", "speedup",
-                    "/ lower bound", "decision ms"):
+                    "/ lower bound", "/ tight bound", "/ best", "decision ms"):
             t.add_column(col, justify="left" if col == "policy" else "right")
         best = min(r["makespan_s"] for r in mine)
         for r in mine:
             spread = f"±{100 * r['iqr_s'] / r['makespan_s'] / 2:.1f}%" if r["repeats"] > 1 else "-"
             style = "bold green" if r["makespan_s"] == best else None
             t.add_row(r["policy"], f"{r['makespan_s'] * 1e3:.4g}", spread, f"{r['speedup']:.2f}x",
-                      f"{r['lb_ratio']:.2f}", f"{r['decision_s'] * 1e3:.3g}", style=style)
+                      f"{r['lb_ratio']:.2f}", f"{r['tight_lb_ratio']:.2f}", f"{r['best_known_ratio']:.2f}",
+                      f"{r['decision_s'] * 1e3:.3g}", style=style)
         console.print(t)
     graphs = list(results)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
@@ -400,6 +431,9 @@ def compare_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed for graphs, random plans, search and sim noise."),
     noise: float = typer.Option(0.0, "--noise", help="Simulator measurement noise (relative std)."),
     search_trials: int = typer.Option(100, "--search-trials", help="Trial budget of the 'search' policy (>= 1)."),
+    ceiling_s: float = typer.Option(0.0, "--ceiling-s", help="Also run CP-SAT (the 'cpsat' policy) this many "
+                                    "seconds per graph: its plan competes and its proven bound tightens "
+                                    "'/ tight bound' (0: off; needs OR-Tools)."),
     gantt: str = typer.Option("best", "--gantt", help="Gantt charts: best (per graph the fastest plan and "
                               "sequential), all, or none."),
     perf_model: str = typer.Option("auto", "--perf-model",
@@ -414,4 +448,5 @@ def compare_cmd(
         raise OpschedError("compare: --model names no graph")
     run_compare(specs, machine, backend, policies, batch=batch, width=width, repeats=repeats, warmup=warmup,
                 out=out, seed=seed, noise=noise, search_trials=search_trials, gantt=gantt, perf_model=perf_model,
-                command=command_line(params), progress=want_progress(progress), console=console_for())
+                command=command_line(params), progress=want_progress(progress), console=console_for(),
+                ceiling_s=ceiling_s)

@@ -67,6 +67,14 @@ What is simulated (and why it is enough for scheduling decisions):
   whatever core is not spinning.  Not when the run is priced with several
   OpenMP teams (``omp_throttled``: libgomp then stops spinning).  A model
   without the field pays nothing for it (one flag per op start and end).
+* **Busy cores.**  A CPU whose ``busy_cores`` are taken by other work (the
+  machine's load) shares its cores between the plan's threads and that load:
+  while the threads computing there (a team's ``threads``, one for an op
+  without a parallel region) and the busy cores together outnumber the
+  cores, a one-thread op runs at ``cores / (threads + busy)`` of its speed
+  (the scheduler's fair share) and a team at ``1 / ceil((threads + busy) /
+  cores)`` (its slowest thread shares a core, and the team waits for it at
+  every barrier).  An idle machine (the default) pays nothing for it.
 * **Noise.**  Optional: every op's alone time is multiplied by a lognormal
   factor ``exp(N(0, noise))`` drawn from a seeded generator.
 * **Memory.**  Bytes of live tensors per device (an output lives on its
@@ -185,6 +193,7 @@ class SimStatic:
             self.team_s > 0.0 or self.switch_s > 0.0 or self.spin_s > 0.0) else None
         self.parallel = [bool(opens(op)) if opens is not None else True for op in graph.ops]
         self.bandwidth = [d.mem_bandwidth_gbs for d in machine.devices]
+        self.busy = [float(d.busy_cores) for d in machine.devices]  # see "Busy cores"
         # GPU compute shares (see "Interference"): per op, per device; all 0 on CPU-only machines
         self.gpus = [d.is_gpu for d in machine.devices]
         self.occupancy = ([[float(model.occupancy(op, dev)) if dev.is_gpu else 0.0 for dev in machine.devices]
@@ -568,6 +577,8 @@ class SimState:
                     rates = [r if r < cap else cap for r in rates]
             if self._spin and self._spin_cores[d]:
                 rates = self._spin_share(d, ops, rates)
+            if s.busy[d]:
+                rates = self._busy_share(d, ops, rates)
             for i, r in zip(ops, rates, strict=True):
                 r0 = rate[i]
                 if r != r0:
@@ -635,6 +646,19 @@ class SimState:
             return list(rates)
         share = free / want
         return [r * share for r in rates]
+
+    def _busy_share(self, d: int, ops: list[int], rates: Sequence[float]) -> list[float]:
+        """``rates`` of the ops computing on ``d`` while other work keeps
+        ``busy_cores`` of it busy (see "Busy cores")."""
+        s = self.static
+        threads, parallel = self.threads, s.parallel
+        want = sum(threads[i] if parallel[i] else 1 for i in ops) + s.busy[d]
+        cores = s.caps[d]
+        if want <= cores:
+            return list(rates)
+        fair = cores / want
+        team = 1.0 / math.ceil(want / cores)
+        return [r * (team if threads[i] > 1 and parallel[i] else fair) for i, r in zip(ops, rates, strict=True)]
 
     def _spin_end(self, d: int) -> None:
         """A spin window's end event: the helpers go to sleep unless a later

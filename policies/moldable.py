@@ -1,0 +1,161 @@
+"""What the moldable-task heuristics share: allocations as thread levels, critical paths, list scheduling.
+
+In the moldable-task literature an op ("task") runs on ``p`` processors of
+``P`` for ``t(p)`` seconds, and a schedule first *allocates* (chooses ``p``
+per op), then *list-schedules* (starts each ready op, by priority, as soon as
+``p`` processors are free).  In opsched terms an allocation is a thread level
+of a device, and list scheduling is exactly the plan semantics: ops dispatch
+greedily by priority when their device has ``threads`` free slots.  So a
+moldable heuristic's Plan is per op a device, a thread level and a priority
+(the op's *bottom level*, the longest path from it to the end at the
+allocated times), with no ``after`` holds.
+
+Machines with GPUs (the heuristics are published for one pool of identical
+processors): an op HEFT (:mod:`opsched.policies.heft`) would put on a GPU
+keeps that GPU (one stream, its time there fixed), and the allocation runs on
+the CPU ops around them; the CPU-only plan is made too, and the faster of the
+two in the simulator is the answer (:func:`placements`).  A CPU with busy
+cores (``Device.busy_cores``) offers its free cores: the allocations use at
+most ``cores - busy_cores`` threads (:func:`free_cores`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from opsched.graph import OpGraph
+from opsched.machine import Device, Machine
+from opsched.plan import Assignment, Plan
+from opsched.policies.base import build_plan
+
+
+def free_cores(device: Device) -> int:
+    """The cores a heuristic may allocate on ``device``: all of them, less the
+    ones busy with other work (at least 1)."""
+    busy = float(getattr(device, "busy_cores", 0.0) or 0.0)
+    return max(1, int(round(device.cores - busy)))
+
+
+@dataclass
+class Problem:
+    """One (graph, machine) as a moldable-task instance on the CPU.
+
+    ``times[i, l]``: op ``i``'s seconds at CPU thread level ``levels[l]``;
+    ``fixed[i]``: seconds of an op placed off the CPU (NaN: it is a CPU op);
+    ``P``: the CPU's free cores."""
+
+    graph: OpGraph
+    times: np.ndarray
+    levels: tuple[int, ...]
+    fixed: np.ndarray
+    P: int
+    device_of: list[str]
+
+    @property
+    def n(self) -> int:
+        return len(self.graph.ops)
+
+    def is_cpu(self, i: int) -> bool:
+        return bool(np.isnan(self.fixed[i]))
+
+    def durations(self, alloc: Sequence[int]) -> np.ndarray:
+        """Each op's seconds under the level indices ``alloc`` (fixed ops: their time)."""
+        t = self.times[np.arange(self.n), np.asarray(alloc)]
+        return np.where(np.isnan(self.fixed), t, self.fixed)
+
+    def area(self, alloc: Sequence[int]) -> float:
+        """Processor-seconds of the CPU ops: sum of threads x time."""
+        k = np.asarray(self.levels)[np.asarray(alloc)]
+        t = self.times[np.arange(self.n), np.asarray(alloc)]
+        return float(np.sum(np.where(np.isnan(self.fixed), k * t, 0.0)))
+
+
+def cpu_problem(graph: OpGraph, machine: Machine, table: Any, placement: dict[str, str] | None = None) -> Problem:
+    """The CPU moldable-task instance of ``graph``; ``placement`` maps the ops
+    that run elsewhere to their GPU (they take one stream, at that GPU's time)."""
+    cpu = machine.device_index["cpu"]
+    dev = machine.cpu
+    P = free_cores(dev)
+    levels = tuple(k for k in dev.thread_levels() if k <= P) or (1,)
+    times = np.stack([table.on(cpu, k) for k in levels], axis=1)
+    fixed = np.full(len(graph.ops), np.nan)
+    device_of = ["cpu"] * len(graph.ops)
+    for i, op in enumerate(graph.ops):
+        d = (placement or {}).get(op.id, "cpu")
+        if d != "cpu":
+            fixed[i] = table.time(i, machine.device_index[d], 1)
+            device_of[i] = d
+    return Problem(graph, times, levels, fixed, P, device_of)
+
+
+def longest_paths(graph: OpGraph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(top level, bottom level) of every op under op weights ``w``: the longest
+    path ending just before it starts, and the longest from its start to the
+    end (its own weight included)."""
+    n = len(w)
+    wl = w.tolist()
+    top = [0.0] * n
+    bottom = [0.0] * n
+    preds, succs = graph.pred_index, graph.succ_index
+    for i in graph.topo_index:
+        best = 0.0
+        for j in preds[i]:
+            v = top[j] + wl[j]
+            if v > best:
+                best = v
+        top[i] = best
+    for i in reversed(graph.topo_index):
+        best = 0.0
+        for j in succs[i]:
+            if bottom[j] > best:
+                best = bottom[j]
+        bottom[i] = wl[i] + best
+    return np.array(top), np.array(bottom)
+
+
+def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: str, **meta: Any) -> Plan:
+    """The list schedule of an allocation as a Plan: each op's device and thread
+    level, priority its bottom level at the allocated times (ties: graph order)."""
+    dur = problem.durations(alloc)
+    _, bottom = longest_paths(problem.graph, dur)
+    assignments = {}
+    for i, op in enumerate(problem.graph.ops):
+        d = problem.device_of[i]
+        threads = int(problem.levels[alloc[i]]) if d == "cpu" else 1
+        assignments[op.id] = Assignment(d, threads, float(bottom[i]))
+    return build_plan(problem.graph, machine, assignments, policy=policy, **meta)
+
+
+def heft_placement(graph: OpGraph, machine: Machine, model: Any) -> dict[str, str]:
+    """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine)."""
+    if not machine.gpus:
+        return {}
+    from opsched.policies.heft import HeftPolicy
+
+    plan = HeftPolicy().plan(graph, machine, model)
+    return {k: a.device for k, a in plan.assignments.items() if a.device != "cpu"}
+
+
+def placements(graph: OpGraph, machine: Machine, model: Any) -> list[tuple[str, dict[str, str]]]:
+    """The placements a moldable heuristic tries: every op on the CPU, and on a
+    machine with GPUs also HEFT's GPU ops on their GPUs."""
+    out: list[tuple[str, dict[str, str]]] = [("cpu", {})]
+    gpu = heft_placement(graph, machine, model)
+    if gpu:
+        out.append(("heft", gpu))
+    return out
+
+
+def simulate(graph: OpGraph, machine: Machine, model: Any, plan: Plan) -> float:
+    """``plan``'s makespan in the simulator under ``model`` (the plans' judge)."""
+    from opsched.engine.sim import prepare, replay
+
+    return float(replay(prepare(graph, machine, model), plan)[0].now)
+
+
+__all__ = ["Problem", "cpu_problem", "free_cores", "heft_placement", "list_plan", "longest_paths", "placements",
+           "simulate"]
