@@ -1,7 +1,8 @@
 """The contract every backend passes (issue 3): ``run(graph, plan) -> Trace``.
 
-Parametrized over backend names; a backend whose module does not import yet
-(or whose framework is missing) is skipped.  For every plan kind (all cores,
+Parametrized over the backend registry (:data:`opsched.backends.registry.BACKENDS`):
+a new backend is tested by its registry entry alone.  A backend whose framework
+is missing is skipped; one that needs CUDA carries the ``gpu`` marker.  For every plan kind (all cores,
 one thread, mixed threads and priorities, extra ``after`` waits):
 
 * exactly one event per op, with the plan's device and threads;
@@ -24,15 +25,12 @@ from heapq import heappop, heappush
 
 import pytest
 
+from opsched.backends.registry import BACKENDS  # noqa: E402
 from opsched.errors import PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan, uniform_plan
 from opsched.trace import Trace
-
-BACKENDS = ("sim", "torch-cpu", "tf", "ort")
-_MODULES = {"sim": "opsched.backends.sim", "torch-cpu": "opsched.backends.torch_cpu",
-            "tf": "opsched.backends.tf_cpu", "ort": "opsched.backends.ort_backend"}
 
 
 def _machine(cores: int, name: str | None = None) -> Machine:
@@ -79,12 +77,18 @@ def _ort_graph() -> OpGraph:
     return from_torch_via_onnx(Branchy().eval(), (torch.randn(2, 3, 16, 16),), name="branchy-onnx")
 
 
-_GRAPHS = {"sim": _torch_graph, "torch-cpu": _torch_graph, "tf": _tf_graph, "ort": _ort_graph}
+#: An executable graph for each importer a backend spec ``runs`` ("any": the simulator runs every graph).
+_GRAPH_OF = {"any": _torch_graph, "torch": _torch_graph, "keras": _tf_graph, "onnx": _ort_graph}
 
 
 def _open(name: str, machine: Machine):
+    spec = BACKENDS[name]
+    why = spec.missing()
+    if why is not None:
+        pytest.skip(why)
+    module = spec.target.partition(":")[0]
     try:
-        importlib.import_module(_MODULES[name])
+        importlib.import_module(module)
     except ImportError as exc:
         pytest.skip(f"backend {name!r} does not import here: {exc}")
     from opsched.backends.registry import get_backend
@@ -92,16 +96,20 @@ def _open(name: str, machine: Machine):
     return get_backend(name, machine)
 
 
-@pytest.fixture(scope="module", params=[
-    pytest.param(name, marks=[pytest.mark.tf, pytest.mark.slow]) if name == "tf" else name for name in BACKENDS
-])
+def _marks(name: str) -> list:
+    spec = BACKENDS[name]
+    return ([pytest.mark.gpu] if spec.cuda else []) + (
+        [pytest.mark.tf, pytest.mark.slow] if "tensorflow" in spec.requires else [])
+
+
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=_marks(name)) for name in BACKENDS])
 def setup(request):
     """(backend name, backend on a 2-slot machine, an executable graph, the machine)."""
     name = request.param
     machine = _machine(2)
     backend = _open(name, machine)
     try:
-        graph = _GRAPHS[name]()
+        graph = _GRAPH_OF[BACKENDS[name].runs[0]]()
     except ImportError as exc:
         backend.close()
         pytest.skip(f"no framework for {name!r}: {exc}")

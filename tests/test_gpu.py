@@ -625,3 +625,17 @@ def test_gpu_profiler_feeds_the_model(tmp_path, gpu_machine, branchy):
     assert tr.makespan >= max(p.median[1] for p in prof.ops.values())
     assert model.matches(gpu0)
 
+
+
+@pytest.mark.gpu
+def test_gpu_apply_schedules_through_the_one_pipeline(no_tf32):
+    """opsched.apply(..., backend="torch-cuda"): the same pipeline and adapter as torch-cpu,
+    outputs checked once against the CPU module."""
+    from opsched.scheduled import apply
+
+    module, inputs = ZOO["randwire"].build(batch=2, width=0.5)
+    sm = apply("critical-path-first", module, inputs, backend="torch-cuda", measure=0)
+    assert sm.scheduled, sm.fallback_reason
+    with torch.no_grad():
+        out, ref = sm(*inputs), module(*inputs)
+    assert _close(out, ref, rtol=1e-3, atol=1e-4)

@@ -79,6 +79,8 @@ def outputs_equal(got: Any, want: Any, rtol: float = 1e-4, atol: float = 1e-5) -
     except ImportError:  # pragma: no cover - torch is a dependency
         torch = None  # type: ignore[assignment]
     if torch is not None and (isinstance(got, torch.Tensor) or isinstance(want, torch.Tensor)):
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.device != want.device:
+            got = got.to(want.device)  # a CUDA run's outputs against the CPU module's
         return (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape == want.shape
                 and got.dtype == want.dtype and bool(torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)))
     if isinstance(got, np.ndarray) or isinstance(want, np.ndarray):
