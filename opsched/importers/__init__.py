@@ -2,6 +2,11 @@
 
 * :func:`from_torch` (``opsched.importers.torch_fx``): a PyTorch ``nn.Module``
   traced with torch.fx; the graph carries a ``TorchSource`` to run op by op.
+* :func:`capture_step` (``opsched.importers.torch_step``): a PyTorch training
+  step (forward, loss, backward, optimizer update) captured with make_fx, run
+  by a :class:`StepRunner`; :func:`capture_inference`
+  (``opsched.importers.torch_aten``): the same capture for a forward pass, for
+  models torch.fx cannot trace.
 * :func:`from_keras` and :func:`from_tf_function` (``opsched.importers.tf_graph``):
   TensorFlow models through their concrete function's graph.
 
@@ -18,6 +23,9 @@ _LAZY = {
     "TorchSource": "opsched.importers.torch_fx",
     "CompiledOp": "opsched.importers.torch_fx",
     "Slot": "opsched.importers.torch_fx",
+    "capture_step": "opsched.importers.torch_step",
+    "StepRunner": "opsched.importers.torch_step",
+    "capture_inference": "opsched.importers.torch_aten",
     "from_keras": "opsched.importers.tf_graph",
     "from_tf_function": "opsched.importers.tf_graph",
     "TFSource": "opsched.importers.tf_graph",

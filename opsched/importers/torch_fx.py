@@ -372,14 +372,19 @@ def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
     return False
 
 
-def _group(gm: fx.GraphModule) -> dict[str, list[fx.Node]]:
-    """Partition the call_* nodes into ops (see the module docstring)."""
+def _group(gm: fx.GraphModule,
+           bookkeeping: Callable[[fx.Node], bool] | None = None) -> dict[str, list[fx.Node]]:
+    """Partition the call_* nodes into ops (see the module docstring).
+
+    ``bookkeeping`` says which nodes do no arithmetic (default: this module's
+    rule for ``torch.fx`` graphs; ``torch_aten`` passes its rule for aten graphs)."""
+    is_bookkeeping = bookkeeping or (lambda n: _is_bookkeeping(n, gm))
     nodes = [n for n in gm.graph.nodes if n.op.startswith("call_")]
     owner: dict[fx.Node, fx.Node] = {}  # node -> head node of its op
     pending: list[fx.Node] = []
     pending_set: set[fx.Node] = set()
     for n in nodes:
-        if not _is_bookkeeping(n, gm):
+        if not is_bookkeeping(n):
             owner[n] = n
             continue
         heads = {owner[a] for a in n.all_input_nodes if a in owner}
