@@ -65,7 +65,12 @@ with :func:`recommended_env` merged into their environment, for every
 configuration alike (measured here: three live 20 MB outputs per call went
 from ~970 page faults and 22 ms to none and 18 ms).  Inside a running process
 the same thresholds can only be set with ``mallopt`` (what
-``opsched.backends.profiler.configure_allocator`` does).
+``opsched.backends.profiler.configure_allocator`` does), and the backend does
+that when it starts (``keep_heap=True``, the default): a training step frees and
+allocates activations and gradients of the whole model every call, and fresh
+pages cost its out-of-place ops about a fifth of their time (randwire, batch 4).
+The setting is process-wide, so eager PyTorch timed in the same process
+(``opsched apply``'s reference rows) runs with it too.
 
 Errors: an op that raises fails the run with
 :class:`~opsched.errors.ExecutionError` naming the op id and its fx nodes,
@@ -139,10 +144,14 @@ class TorchCPUBackend(BackendBase):
     measured = True
 
     def __init__(self, machine: Machine, pin: bool | str = True, free_values: bool = True,
-                 cache_size: int = 32) -> None:
+                 cache_size: int = 32, keep_heap: bool = True) -> None:
         if pin not in (True, False, "always"):
             raise ValueError(f"TorchCPUBackend: pin must be True, False or 'always', got {pin!r}")
         super().__init__(machine)
+        if keep_heap:  # process-wide (eager torch in this process gains as much): see the module docstring
+            from opsched.backends.profiler import configure_allocator
+
+            self.allocator = configure_allocator()
         self.slots = machine.cpu.cores
         self.free_values = free_values
         self._cache = IdentityLRU(cache_size)

@@ -37,6 +37,10 @@ def __getattr__(name: str):
         from opsched import scheduled
 
         return getattr(scheduled, name)
+    if name == "train_step":
+        from opsched.training import train_step
+
+        return train_step
     if name in _SUBPACKAGES:
         import importlib
 
@@ -47,5 +51,5 @@ def __getattr__(name: str):
 __all__ = [
     "OP_KINDS", "PRESETS", "Assignment", "Device", "Edge", "ExecutionError", "GraphError", "Link",
     "Machine", "MachineError", "ModelImportError", "Op", "OpGraph", "OpschedError", "Plan", "PlanError",
-    "PolicyError", "ScheduledModule", "Trace", "TraceEvent", "apply", "get_machine",
+    "PolicyError", "ScheduledModule", "Trace", "TraceEvent", "apply", "get_machine", "train_step",
 ]

@@ -65,6 +65,7 @@ class ApplyResult:
     model: str
     framework: str
     backend: str
+    mode: str
     reference: str
     batch: int
     width: float
@@ -111,13 +112,18 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
               width: float = 1.0, repeats: int = 10, warmup: int = 2, plan_file: Path | None = None,
               save_plan: Path | None = None, perf_model: str = "auto",
               on_call: Callable[[int, int], None] | None = None, runtime: Any = None,
-              measure: int | None = None) -> ApplyResult:
+              measure: int | None = None, mode: str = "infer", optimizer: str = "sgd",
+              lr: float | None = None) -> ApplyResult:
     """Everything ``opsched apply`` does, returning the figures (see the module docstring).
 
     ``runtime``: an open backend to reuse (its machine is the one planned for);
     by default the process's shared backend for this machine's CPU.
     ``measure``: candidate plans of a learned policy timed before choosing
-    (``opsched.apply``'s ``measure``; None: its default)."""
+    (``opsched.apply``'s ``measure``; None: its default).  ``mode``: ``infer``
+    (the network's inference) or ``train`` (its training step with
+    ``optimizer`` at ``lr``, :func:`opsched.training.load_training`; the rows
+    are eager steps at torch's default threads and at one thread, then the
+    scheduled steps, each on its own copy of the model)."""
     from opsched.measured import DEFAULT_TOP
     from opsched.plan import Plan
     from opsched.planning import describe, resolve_policy
@@ -126,20 +132,31 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
 
     if batch < 1 or width <= 0 or repeats < 1 or warmup < 0:
         raise OpschedError("apply: --batch and --repeats must be >= 1, --width > 0, --warmup >= 0")
+    if mode not in ("infer", "train"):
+        raise OpschedError(f"apply: --mode must be infer or train, got {mode!r}")
     saved = Plan.load(plan_file) if plan_file is not None else None
     pol = resolve_policy(policy) if saved is None else None  # a broken policy file: an error now, not after an import
-    loaded = load_model(model_spec, batch, width)
-    framework = framework_of(loaded.model)
-    names = resolve_backend(backend, framework, repr(model_spec)) if runtime is None else (runtime.name,)
     graph = None
-    if names[0] == "ort" and loaded.framework == "torch":  # the export cache, keyed by the spec
-        try:
-            graph = onnx_graph_of(loaded, width)
-        except OpschedError:
-            if backend != AUTO:
-                raise
-    prepared = prepare(loaded.model, loaded.inputs, backend=runtime if runtime is not None else backend,
-                       perf_model=perf_model, batch=loaded.batch, graph=graph)
+    if mode == "train":
+        from opsched.training import load_training
+
+        net, x, y = load_training(model_spec, batch, width, optimizer=optimizer, lr=lr)
+        first = x[0] if isinstance(x, (tuple, list)) else x
+        network, inputs, framework = net, (x, y), "torch-train"
+        net_batch = batch = int(first.shape[0]) if getattr(first, "ndim", 0) else batch
+    else:
+        loaded = load_model(model_spec, batch, width)
+        network, inputs, framework, net_batch = loaded.model, loaded.inputs, loaded.framework, loaded.batch
+        names = resolve_backend(backend, framework_of(network), repr(model_spec)) if runtime is None \
+            else (runtime.name,)
+        if names[0] == "ort" and loaded.framework == "torch":  # the export cache, keyed by the spec
+            try:
+                graph = onnx_graph_of(loaded, width)
+            except OpschedError:
+                if backend != AUTO:
+                    raise
+    prepared = prepare(network, inputs, backend=runtime if runtime is not None else backend,
+                       perf_model=perf_model, batch=net_batch, graph=graph)
     if prepared.graph is None:
         raise OpschedError(f"apply: {prepared.fallback}")
     top = DEFAULT_TOP if measure is None else measure
@@ -193,7 +210,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
             settle_s=float(statistics.median(timings.settle_s.get(key, [0.0])))))
     meta = fast.plan.meta if fast.plan is not None else {}
     return ApplyResult(
-        model=model_spec, framework=loaded.framework, backend=prepared.backend_name, reference=reference,
+        model=model_spec, framework=framework, backend=prepared.backend_name, reference=reference, mode=mode,
         batch=batch, width=width, graph=graph.name, n_ops=len(graph.ops), machine=prepared.machine.name,
         cores=prepared.machine.cpu.cores, perf_model=describe(prepared.perf_model), policy=policy_desc,
         plan_s=fast.plan_s, chosen=meta.get("chosen"), measured=meta.get("measured"),

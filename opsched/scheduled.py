@@ -70,7 +70,7 @@ AUTO = "auto"
 #: column), and on ``ort`` a plan the model does not predict faster than ONNX Runtime's own
 #: sequential run is replaced by it - when onnx and onnxruntime import and the module
 #: exports to ONNX with outputs that match the module's, else ``torch-cpu``.
-AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",)}
+AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",), "torch-train": ("torch-cpu",)}
 
 _BACKENDS: dict[tuple[str, str], Backend] = {}
 _LOCK = threading.Lock()
@@ -99,10 +99,12 @@ def shared_backend(name: str, machine: Machine) -> Backend:
 
 
 def framework_of(network: Any) -> str:
-    """``torch``, ``keras`` or ``onnx`` (TypeError for anything else)."""
+    """``torch``, ``keras``, ``onnx`` or ``torch-train`` (a training step; TypeError for anything else)."""
     from opsched.adapters.onnx import is_onnx_model
     from opsched.specs import is_keras
 
+    if type(network).__name__ == "TrainingNetwork":
+        return "torch-train"
     if is_keras(network):
         return "keras"
     if is_onnx_model(network):
@@ -133,8 +135,10 @@ def resolve_backend(choice: str, framework: str, what: str = "the model") -> tup
     spec = BACKENDS[choice]
     if framework not in spec.frameworks():
         fits = [n for n in choices[1:] if framework in BACKENDS[n].frameworks()]
-        kind = {"torch": "a PyTorch model", "keras": "a Keras model", "onnx": "an ONNX model"}
-        runs = " and ".join({"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX"}[f] for f in spec.frameworks())
+        kind = {"torch": "a PyTorch model", "keras": "a Keras model", "onnx": "an ONNX model",
+                "torch-train": "a PyTorch training step"}
+        runs = " and ".join({"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step"}[f]
+                            for f in spec.frameworks())
         raise OpschedError(f"backend {choice} runs {runs} models, but {what} is {kind[framework]}; use "
                            f"{' or '.join(fits)} (or auto)")
     return (choice,)
@@ -282,11 +286,9 @@ def schedule(prepared: Prepared, policy: Policy | str | Path | None = None, *, p
             t1 = time.perf_counter()
             chosen = _measured(be, graph, chosen, found, prepared, measure)
             plan_s = (plan_s or 0.0) + time.perf_counter() - t1  # timing the candidates is part of choosing
-        if verify and not outputs_equal(_run(be, graph, chosen, prepared.feeds), prepared.reference(),
-                                        *adapter.tolerance):
-            return prepared.eager(Fallback(FallbackReason.OUTPUTS_DIFFER,
-                                           "the scheduled run's outputs differ from the reference (eager) run"),
-                                  pol, chosen, warn=warn)
+        why = adapter.check_run(be, graph, chosen, prepared.feeds, prepared.reference()) if verify else None
+        if why is not None:
+            return prepared.eager(Fallback(FallbackReason.OUTPUTS_DIFFER, why), pol, chosen, warn=warn)
     except OpschedError as exc:
         return prepared.eager(Fallback(FallbackReason.RUN_FAILED, f"the scheduled run failed: {exc}"), pol, chosen,
                               warn=warn)
@@ -307,15 +309,6 @@ def _measured(be: Backend, graph: OpGraph, chosen: Plan, found: dict[str, tuple[
     key = (graph.fingerprint(), id(chosen), prepared.machine.fingerprint(), be.name, measure)
     return _MEASURED.get_or_make(key, lambda: choose_measured(be, graph, found, prepared.feeds, top=measure,
                                                               always=prepared.adapter.always_time), chosen, be)
-
-
-def _run(be: Backend, graph: OpGraph, plan: Plan, feeds: tuple) -> Any:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return be.execute(graph, plan, feeds)
-    with torch.no_grad():
-        return be.execute(graph, plan, feeds)
 
 
 # -------------------------------------------------------------------- apply

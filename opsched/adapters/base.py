@@ -217,6 +217,22 @@ class Adapter(ABC):
         """A check of the imported graph itself before planning (the ONNX export's outputs); None: fine."""
         return None
 
+    def check_run(self, backend: Backend, graph: OpGraph, plan: Plan, feeds: tuple, reference: Any) -> str | None:
+        """Run ``plan`` once and say why its result differs from ``reference`` (None: it does not)."""
+        try:
+            import torch
+
+            grad: Any = torch.no_grad()
+        except ImportError:  # pragma: no cover
+            import contextlib
+
+            grad = contextlib.nullcontext()
+        with grad:
+            got = backend.execute(graph, plan, feeds)
+        if outputs_equal(got, reference, *self.tolerance):
+            return None
+        return "the scheduled run's outputs differ from the reference (eager) run"
+
     def choose(self, graph: OpGraph, plan: Plan, found: dict[str, tuple[Plan, float]] | None, machine: Machine,
                model: PerfModel, policy: Policy | None) -> tuple[Plan, dict[str, tuple[Plan, float]] | None]:
         """The plan the planning model picks for this backend and the candidates a measured choice

@@ -24,7 +24,8 @@ from opsched.real_apply import SAME_BAND, ApplyResult, run_apply
 
 
 def print_result(result: ApplyResult, console: Console) -> None:
-    t = Table(title=f"{result.model} (batch {result.batch}, {result.n_ops} ops) on {result.machine} "
+    what = "training step, " if result.mode == "train" else ""
+    t = Table(title=f"{result.model} ({what}batch {result.batch}, {result.n_ops} ops) on {result.machine} "
                     f"({result.cores} cores, {result.backend}): median of {result.repeats} interleaved runs, each "
                     "after the previous run's threads went quiet")
     t.add_column("configuration", no_wrap=True)
@@ -80,6 +81,12 @@ def apply_cmd(
                                 "candidate plans (by the planning model) are timed on this machine before one is "
                                 "kept; 0 trusts the model alone. On --backend ort: the plan is timed against "
                                 "ONNX Runtime's one session and the faster kept."),
+    mode: str = typer.Option("infer", "--mode", help="infer (the network's inference) or train (its training step: "
+                             "forward, loss, backward and the optimizer update as one graph; zoo models use "
+                             "their default loss; rows are eager steps at default threads and at 1 thread)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="Train mode: sgd (lr 0.01, momentum 0.9), adam "
+                                  "(lr 1e-3) or adamw (lr 1e-3, weight decay 0.01)."),
+    lr: float = typer.Option(None, "--lr", help="Train mode: the optimizer's learning rate (default: as above)."),
     perf_model: str = typer.Option("auto", "--perf-model", help="Planning model: auto (this machine's profiles "
                                    "plus the runtime model `opsched profile` fitted, if cached; else analytic), "
                                    "analytic, or fitted."),
@@ -101,7 +108,7 @@ def apply_cmd(
 
         result = run_apply(model, policy, backend=backend, batch=batch, width=width, repeats=repeats, warmup=warmup,
                            plan_file=plan, save_plan=save_plan, perf_model=perf_model, on_call=on_call,
-                           measure=measure)
+                           measure=measure, mode=mode, optimizer=optimizer, lr=lr)
     print_result(result, console)
     if save_plan is not None:
         console.print(f"plan saved to {save_plan} (run it again with --plan {save_plan})")

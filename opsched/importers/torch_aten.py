@@ -402,14 +402,17 @@ def _merge_groups(gm: fx.GraphModule, groups: dict[str, list[fx.Node]],
 
 def build_opgraph(gm: fx.GraphModule, flat_inputs: Sequence[Any], name: str, meta: dict[str, Any],
                   persistent: set[str] = frozenset(), phase_of: Callable[[fx.Node], str] | None = None,
-                  out_tree: Any = None, merge_key: Callable[[fx.Node], Any] | None = None) -> Captured:
+                  out_tree: Any = None, merge_key: Callable[[fx.Node], Any] | None = None,
+                  order: Sequence[tuple[fx.Node, fx.Node]] = ()) -> Captured:
     """Group ``gm``'s nodes into ops and build the OpGraph with an :class:`AtenSource`.
 
     ``persistent`` names the placeholders that hold model state (parameters,
     buffers, optimizer state): reading them counts as ``param_bytes``, as
     reading a ``get_attr`` constant does.  ``phase_of`` gives each op's phase
     (from its head node), stored in ``meta["phases"]``.  Ops whose head nodes
-    share a ``merge_key`` become one op (see :func:`_merge_groups`).
+    share a ``merge_key`` become one op (see :func:`_merge_groups`).  ``order``:
+    (a, b) node pairs whose ops must run a before b though no value flows between
+    them (a write in place after the last read), as zero-byte edges.
     """
     prop = _fake_propagate(gm, flat_inputs, f"{name!r}")
     groups = _group(gm, aten_bookkeeping)
@@ -471,6 +474,11 @@ def build_opgraph(gm: fx.GraphModule, flat_inputs: Sequence[Any], name: str, met
         if a != b and (a, b) not in have:
             have.add((a, b))
             edges.append(Edge(a, b, 0.0))
+    for a, b in order:
+        pair = (owner.get(a), owner.get(b))
+        if None not in pair and pair[0] != pair[1] and pair not in have:
+            have.add(pair)  # type: ignore[arg-type]
+            edges.append(Edge(pair[0], pair[1], 0.0))  # type: ignore[arg-type]
     meta = dict(meta)
     meta["aten_nodes"] = sum(len(v) for v in groups.values())
     meta["random_ops"] = list(dict.fromkeys(chain))

@@ -235,10 +235,8 @@ class UpdateRule:
             st = optimizer.state.get(p, {})
             for key in rule.state_keys:
                 t = st.get(key)
-                if t is None:
-                    t = self._zeros.get(n)
-                    if t is None:  # the graph never writes its inputs: one zero tensor serves every key and step
-                        t = self._zeros[n] = torch.zeros_like(p, memory_format=torch.preserve_format).detach()
+                if t is None:  # a fresh zero tensor per key: the update writes its new value in place
+                    t = torch.zeros_like(p, memory_format=torch.preserve_format).detach()
                 out.append(t)
         return out
 

@@ -1,0 +1,265 @@
+"""PyTorch training steps on PyTorch's kernels: the apply pipeline's training mode.
+
+A training step is a mode of the one pipeline, not a copy of it: the network
+is a :class:`TrainingNetwork` (the user's module, loss function and
+``torch.optim`` optimizer), the import is
+:func:`opsched.importers.torch_step.capture_step` (forward, backward and the
+optimizer update as one graph, phases per op), the backend runs the step graph
+like any other, and the check compares one scheduled step with one eager step
+taken from the same state (on copies: the user's module and optimizer are not
+touched before the first real step).
+
+What the user gets is a :class:`TrainStep`: ``loss = step(x, y)`` does what
+``optimizer.zero_grad(); loss = loss_fn(module(x), y); loss.backward();
+optimizer.step()`` does to ``module.state_dict()`` and
+``optimizer.state_dict()`` (``p.grad`` is not filled in), and falls back to
+exactly that eager step, with a :class:`ScheduleFallbackWarning`, for a call
+it was not captured for.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from opsched.adapters.base import Adapter, Config, Fallback, FallbackReason, Scheduled
+from opsched.errors import OpschedError
+from opsched.graph import OpGraph
+from opsched.machine import Machine
+from opsched.plan import Plan
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import Backend
+    from opsched.policies.base import Policy
+
+#: The check of one scheduled step against one eager step: loss, parameters and buffers
+#: elementwise; optimizer state relative to each tensor's largest entry (eager itself moves
+#: momentum buffers by ~1e-4 of their scale between 1 and 2 intra-op threads).
+STEP_RTOL, STEP_ATOL, STATE_REL = 1e-4, 1e-5, 1e-3
+
+
+@dataclass
+class TrainingNetwork:
+    """What a training step is made of: the module, the loss and the optimizer."""
+
+    module: nn.Module
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: torch.optim.Optimizer
+
+
+def clone_training(net: TrainingNetwork) -> TrainingNetwork:
+    """A deep copy of the module and an optimizer of the same class over its parameters, with the
+    same param groups and state: a step on the copy starts from the same state as one on ``net``."""
+    module = copy.deepcopy(net.module)
+    index = {id(p): n for n, p in net.module.named_parameters()}
+    params = dict(module.named_parameters())
+    opt = net.optimizer
+    groups = []
+    for g in opt.param_groups:
+        groups.append({**{k: v for k, v in g.items() if k != "params"},
+                       "params": [params[index[id(p)]] for p in g["params"]]})
+    clone = type(opt)(groups)
+    clone.load_state_dict(copy.deepcopy(opt.state_dict()))
+    return TrainingNetwork(module, net.loss_fn, clone)
+
+
+def eager_step(net: TrainingNetwork, x: Any, y: Any) -> torch.Tensor:
+    """One eager training step; returns the loss (detached)."""
+    net.optimizer.zero_grad()
+    out = net.module(*x) if isinstance(x, tuple) else net.module(x)
+    loss = net.loss_fn(out, y)
+    loss.backward()
+    net.optimizer.step()
+    return loss.detach()
+
+
+def _state_close(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape:
+            return False
+        scale = float(b.detach().abs().max()) if b.numel() else 0.0
+        return bool(torch.allclose(a.float(), b.float(), rtol=STEP_RTOL, atol=STEP_ATOL + STATE_REL * scale))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_state_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_state_close(u, v) for u, v in zip(a, b))
+    return a == b
+
+
+def same_step(got: TrainingNetwork, want: TrainingNetwork, loss: torch.Tensor, want_loss: torch.Tensor) -> str | None:
+    """Why two networks after one step differ (loss, a parameter or buffer, optimizer state), or None."""
+    if not torch.allclose(loss.float(), want_loss.float(), rtol=STEP_RTOL, atol=STEP_ATOL):
+        return f"the loss {float(loss):.6g} differs from eager's {float(want_loss):.6g}"
+    mine, theirs = got.module.state_dict(), want.module.state_dict()
+    for k, v in theirs.items():
+        if not torch.allclose(mine[k].float(), v.float(), rtol=STEP_RTOL, atol=STEP_ATOL):
+            return f"{k} after one step differs from eager's"
+    if not _state_close(got.optimizer.state_dict()["state"], want.optimizer.state_dict()["state"]):
+        return "the optimizer state after one step differs from eager's"
+    return None
+
+
+class TrainStep(Scheduled):
+    """A scheduled training step: ``loss = step(x, y)`` (see the module docstring)."""
+
+    def __init__(self, network: TrainingNetwork, example: tuple, *, graph: OpGraph | None, plan: Plan | None,
+                 machine: Machine, policy: Policy | None, backend: Backend | None, fallback: Fallback | None) -> None:
+        self.network = network
+        self.runner: Any = None
+        if graph is not None and fallback is None:
+            from opsched.importers.torch_step import StepRunner
+
+            self.runner = StepRunner(graph, network.module, network.optimizer)
+        self._hold(example, graph, plan, machine, policy, backend, fallback)
+
+    @property
+    def module(self) -> nn.Module:
+        return self.network.module
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.network.optimizer
+
+    def eager(self, x: Any, y: Any) -> torch.Tensor:
+        """The eager step: ``zero_grad``, forward, loss, ``backward``, ``step``."""
+        return eager_step(self.network, x, y)
+
+    def __call__(self, x: Any, y: Any) -> torch.Tensor:
+        if self.fallback is not None or self.runner is None:
+            return self.eager(x, y)
+        from opsched.importers.torch_step import StepSignatureError
+
+        try:
+            inputs = self.runner.inputs(x, y)
+        except StepSignatureError as exc:
+            self._warn_once(Fallback(FallbackReason.INPUTS_DIFFER, f"this call differs from the captured step: "
+                                                                   f"{exc}"), "the training step")
+            return self.eager(x, y)
+        assert self.backend is not None and self.graph is not None and self.plan is not None
+        backend, graph, plan = self.backend, self.graph, self.plan
+        with torch.no_grad():
+            outputs = backend.execute(graph, plan, inputs)
+        return self.runner.write_back(outputs, inputs)
+
+    def time_call(self, *xy: Any) -> float:
+        t0 = time.perf_counter()
+        self(*xy)
+        return time.perf_counter() - t0
+
+    def __repr__(self) -> str:
+        return f"TrainStep({self._repr()})"
+
+
+class TrainStepAdapter(Adapter):
+    """A :class:`TrainingNetwork` on the PyTorch runtime (``torch-cpu``; ``torch-cuda`` runs the same graph)."""
+
+    framework = "torch-train"
+    tolerance = (STEP_RTOL, STEP_ATOL)
+
+    def __init__(self, network: Any, inputs: Any, backend: str, batch: int = 1) -> None:
+        if not (isinstance(inputs, (tuple, list)) and len(inputs) == 2):
+            raise TypeError("opsched.train_step: example inputs are (example_x, example_y)")
+        super().__init__(network, tuple(inputs), backend, batch)
+        self._checked: TrainingNetwork | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{type(self.network.module).__name__} training step"
+
+    def import_graph(self) -> OpGraph:
+        from opsched.importers.torch_step import capture_step
+
+        x, y = self.inputs
+        net = self.network
+        return capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=type(net.module).__name__)
+
+    def feeds(self, graph: OpGraph) -> tuple:
+        """The graph inputs of one step from the current state (built on a copy)."""
+        from opsched.importers.torch_step import StepRunner
+
+        copy_ = clone_training(self.network)
+        return StepRunner(graph, copy_.module, copy_.optimizer).inputs(*self.inputs)
+
+    def reference(self, graph: OpGraph, feeds: tuple) -> Any:
+        """One eager step on a copy: (copy after the step, its loss)."""
+        net = clone_training(self.network)
+        return net, eager_step(net, *self.inputs)
+
+    def check_run(self, backend: Backend, graph: OpGraph, plan: Plan, feeds: tuple, reference: Any) -> str | None:
+        from opsched.importers.torch_step import StepRunner
+
+        want, want_loss = reference
+        got = clone_training(self.network)
+        runner = StepRunner(graph, got.module, got.optimizer)
+        inputs = runner.inputs(*self.inputs)
+        with torch.no_grad():
+            loss = runner.write_back(backend.execute(graph, plan, inputs), inputs)
+        return same_step(got, want, loss, want_loss)
+
+    def eager_description(self) -> str:
+        return self.label
+
+    def wrap(self, graph: OpGraph | None, plan: Plan | None, machine: Machine, policy: Policy | None,
+             backend: Backend | None, fallback: Fallback | None, feeds: tuple, reference: Any = None) -> Scheduled:
+        return TrainStep(self.network, self.inputs, graph=graph, plan=plan, machine=machine, policy=policy,
+                         backend=backend, fallback=fallback)
+
+    def configs(self, graph: OpGraph, feeds: tuple, backend: Backend, machine: Machine) -> dict[str, Config]:
+        """Eager training steps at torch's default threads and at one thread, each on its own copy."""
+        default = torch.get_num_threads()
+        out = {"eager": Config(_eager_timer(clone_training(self.network), self.inputs, None),
+                               f"torch default ({default} threads)")}
+        if default > 1:
+            out["eager-1-thread"] = Config(_eager_timer(clone_training(self.network), self.inputs, 1),
+                                           "torch, 1 intra-op thread")
+        return out
+
+    def timer(self, scheduled: Scheduled, feeds: tuple) -> Callable[[], float]:
+        """A scheduled step on its own copy (the user's module is not trained by timing)."""
+        if not isinstance(scheduled, TrainStep) or scheduled.fallback is not None:
+            return _eager_timer(clone_training(self.network), self.inputs, None)
+        twin = TrainStep(clone_training(self.network), self.inputs, graph=scheduled.graph, plan=scheduled.plan,
+                         machine=scheduled.machine, policy=scheduled.policy, backend=scheduled.backend, fallback=None)
+        return lambda: twin.time_call(*self.inputs)
+
+    def note(self) -> str | None:
+        return ("train: '= eager' compares one scheduled step with one eager step from the same state (loss, "
+                "every parameter and buffer, the optimizer state); rows time full steps on copies of the model")
+
+
+def _eager_timer(net: TrainingNetwork, xy: Sequence[Any], threads: int | None) -> Callable[[], float]:
+    def once() -> float:
+        before = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            t0 = time.perf_counter()
+            eager_step(net, *xy)
+            return time.perf_counter() - t0
+        finally:
+            if threads is not None:
+                torch.set_num_threads(before)
+
+    return once
+
+
+def make_optimizer(kind: str, module: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
+    ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
+    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+             "adam": (torch.optim.Adam, {"lr": 1e-3}),
+             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
+    if kind not in kinds:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
+    cls, kw = kinds[kind]
+    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
+
+
+__all__ = ["STEP_ATOL", "STEP_RTOL", "TrainStep", "TrainStepAdapter", "TrainingNetwork", "clone_training",
+           "eager_step", "make_optimizer", "same_step"]
