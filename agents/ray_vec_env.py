@@ -178,6 +178,13 @@ class EnvWorker:
             out.append(plain[name])
         return out
 
+    def has_attr(self, name: str) -> bool:
+        try:
+            self.envs[0].get_wrapper_attr(name)
+        except AttributeError:
+            return False
+        return True
+
     def set_attr(self, name: str, values: list[Any], indices: list[int]) -> None:
         for i, value in zip(indices, values):
             if isinstance(value, dict) and set(value) == {_RNG}:
@@ -408,6 +415,9 @@ class RayVecEnv(VecEnv):
             for value in self.ray.get(w.actor.get_attr.remote(attr_name, local)):
                 out.append(_generator(value[_RNG]) if isinstance(value, dict) and set(value) == {_RNG} else value)
         return out
+
+    def has_attr(self, attr_name: str) -> bool:
+        return bool(self.ray.get(self.workers[0].actor.has_attr.remote(attr_name)))
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
         plain = {_RNG: value.bit_generator.state} if isinstance(value, np.random.Generator) else value

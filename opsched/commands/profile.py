@@ -54,6 +54,9 @@ def profile_cmd(
     runtime_plans: int = typer.Option(16, "--runtime-plans", min=4, help="Plans measured for the runtime model."),
     out: Path = typer.Option(Path("runs/profiles"), "--out", "-o", help="Profile cache folder."),
     top: int = typer.Option(15, "--top", min=1, help="How many ops to list."),
+    cluster: str = typer.Option(None, "--cluster", help="Profile every distinct machine of a Ray cluster on its "
+                                "own nodes (ray or ray:ADDRESS) and gather the profiles here, keyed by each "
+                                "machine's fingerprint (needs opsched[cluster]; torch-cpu only)."),
     progress: bool | None = progress_option(),
 ) -> None:
     """Profile each op of MODEL alone on real tensors at 1, 2, 4, ... threads, then fit the runtime model on
@@ -75,6 +78,14 @@ def profile_cmd(
             levels = [int(x) for x in threads.split(",") if x.strip()]
         except ValueError:
             raise OpschedError(f"--threads {threads!r}: expected comma-separated integers such as 1,2") from None
+    if cluster:
+        if backend != "torch-cpu":
+            raise OpschedError(f"profile --cluster: --backend {backend} is not supported on a cluster (torch-cpu is)")
+        from opsched.commands.cluster_profile import profile_on_cluster
+
+        profile_on_cluster(console, cluster, spec, batch, width, seed, levels, warmup, repeats, not no_interference,
+                           runtime, runtime_plans, refresh, out)
+        return
     machine = Machine.probe()
     if backend not in ("torch-cpu", "ort"):
         raise OpschedError(f"profile: --backend must be torch-cpu or ort, got {backend!r}")
