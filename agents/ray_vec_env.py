@@ -44,6 +44,8 @@ from opsched.agents.wire import WireError, info_from_wire, info_to_wire, pack_ar
 ENV_SPEC_FORMAT = "opsched.env-spec"
 #: Seconds to wait for the workers to start (placing, importing opsched, building the envs).
 START_TIMEOUT_S = 300.0
+#: Calls to a lost worker before it is given up (the first half wait for Ray's own restart).
+RECOVER_TRIES = 6
 _RNG = "__bit_generator_state__"
 
 
@@ -313,21 +315,34 @@ class RayVecEnv(VecEnv):
                                f"lost before: giving up (max_restarts={self.max_restarts})") from None
         seeds = [int(np.random.SeedSequence([self._base_seed, i, self.restarts]).generate_state(1)[0])
                  for i in range(w.lo, w.hi)]
-        for attempt in range(2):
+        errors = self.ray.exceptions
+        blob = None
+        for attempt in range(RECOVER_TRIES):
             try:
                 blob = self.ray.get(w.actor.reset.remote(seeds, [{}] * (w.hi - w.lo)), timeout=START_TIMEOUT_S)
                 w.record = self.ray.get(w.actor.describe.remote(), timeout=START_TIMEOUT_S)
                 break
-            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError):
-                if attempt == 1:
-                    raise ClusterError(f"env worker {w.index} could not be restarted: {_first_line(exc)}") from None
-                self.ray.kill(w.actor, no_restart=True)
-                w.actor = self._start(w)  # Ray gave the actor up: a new one
+            except errors.ActorUnavailableError:  # Ray may be restarting it: wait a moment, then replace it
+                if attempt < RECOVER_TRIES // 2:
+                    time.sleep(1.0)
+                    continue
+                self._replace(w)
+            except (errors.RayActorError, errors.GetTimeoutError):  # given up by Ray: a new actor
+                self._replace(w)
+        if blob is None:
+            raise ClusterError(f"env worker {w.index} could not be restarted: {_first_line(exc)}") from None
         event.update(node_after=w.record.get("node_ip"), pid_after=w.record.get("pid"))
         self.events.append(event)
         if self.on_change is not None:
             self.on_change(self)
         return unpack_arrays(blob, f"env worker {w.index}")
+
+    def _replace(self, w: _Worker) -> None:
+        try:
+            self.ray.kill(w.actor, no_restart=True)
+        except Exception:  # already gone
+            pass
+        w.actor = self._start(w)
 
     # ----------------------------------------------------------------- API
     def seed(self, seed: int | None = None) -> Sequence[int | None]:

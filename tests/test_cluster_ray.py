@@ -156,25 +156,11 @@ def test_profile_on_the_cluster_gathers_every_machine_then_trains_on_their_model
                                catch_exceptions=False)
     assert again.exit_code == 0 and again.output.count("cached") == 2, again.output
 
-    run = _train(tmp_path / "runs", "--n-envs", "2", "--timesteps", "128", *TINY, "--cluster",
-                 f"ray:{cluster.address}", "--set", "profiled_machines=all", "--set", f"profiles_dir={cache}")
-    from opsched.agents import Run
-
-    cfg = Run.open(run).config
-    assert sorted(Path(m).stem for m in cfg.train_machines) == sorted([cluster.head_fp, cluster.worker_fp])
-    assert (run / "policy" / "policy.json").is_file()
-
-
-def test_profiled_env_prices_each_machine_with_its_own_model(cluster, tmp_path):
-    """The env of a profiled-machine run plans machine k with machine k's fitted model."""
+    # the env of a profiled-machine run prices machine k with machine k's fitted model
     from opsched.agents.profiled import ProfiledScheduleEnv, planning_models
     from opsched.machine import Machine
     from opsched.specs import load_graph
 
-    cache = tmp_path / "profiles"
-    CliRunner().invoke(app, ["profile", "zoo:lstm@1x0.5", "--cluster", f"ray:{cluster.address}", "--threads", "1",
-                             "--repeats", "3", "--warmup", "1", "--no-interference", "--no-runtime", "--out",
-                             str(cache)], catch_exceptions=False)
     machines = [Machine.from_yaml(cache / "machines" / f"{fp}.yaml") for fp in (cluster.head_fp, cluster.worker_fp)]
     models = planning_models(machines, cache)
     assert all(m.name == "fitted" for m in models.values())
@@ -182,9 +168,18 @@ def test_profiled_env_prices_each_machine_with_its_own_model(cluster, tmp_path):
     seen = set()
     for seed in range(8):
         env.reset(seed=seed)
-        seen.add(env.episode_data.machine.fingerprint())
-        assert env.current.model is models[env.episode_data.machine.fingerprint()]
+        fp = env.episode_data.machine.fingerprint()
+        seen.add(fp)
+        assert env.current.model is models[fp]
     assert seen == {cluster.head_fp, cluster.worker_fp}
+
+    run = _train(tmp_path / "runs", "--n-envs", "2", "--timesteps", "128", *TINY, "--cluster",
+                 f"ray:{cluster.address}", "--set", "profiled_machines=all", "--set", f"profiles_dir={cache}")
+    from opsched.agents import Run
+
+    cfg = Run.open(run).config
+    assert sorted(Path(m).stem for m in cfg.train_machines) == sorted([cluster.head_fp, cluster.worker_fp])
+    assert (run / "policy" / "policy.json").is_file()
 
 
 def test_real_rollouts_run_on_a_node_of_their_machine(cluster, tmp_path):
@@ -224,3 +219,31 @@ def test_without_ray_the_cluster_flag_says_how_to_install_it(monkeypatch, tmp_pa
     assert not any(tmp_path.iterdir())  # no half-made run folder
     r = CliRunner().invoke(app, ["train-policy", "--out", str(tmp_path), "--cluster", "spark", *TINY])
     assert isinstance(r.exception, ClusterError) and "expected ray or ray:ADDRESS" in str(r.exception)
+
+
+def test_a_lost_node_s_worker_comes_back_on_another_node(cluster, tmp_path):
+    """The worker node dies whole (raylet, agents, actors) mid-run: its actor is restarted on the head and
+    training completes.  Runs last: the module's cluster has one node less afterwards."""
+    from opsched.agents import TrainConfig, train
+    from opsched.agents.config import parse_set
+
+    lost: list[str] = []
+
+    def kill_the_node(steps: int, row: dict) -> bool:
+        if not lost and steps > 0:
+            record = json.loads(next(tmp_path.glob("*/cluster.json")).read_text())
+            assert sorted(w["node_ip"] for w in record["workers"]) == ["127.0.0.2", "127.0.0.3"]
+            cluster.kill_node(0)
+            lost.append("127.0.0.3")
+        return False
+
+    cfg = TrainConfig(name="lost", n_envs=2, seed=5, timesteps=384, hyperparams="tiny", out=str(tmp_path),
+                      cluster=f"ray:{cluster.address}", overrides=parse_set(TINY[3::2]))
+    run = train(cfg, progress=False, on_eval=kill_the_node)
+    assert lost and not run.interrupted and run.num_timesteps >= 384
+    record = json.loads((run.path / "cluster.json").read_text())
+    (event,) = record["events"]
+    assert event["node_before"] == "127.0.0.3" and event["node_after"] == "127.0.0.2"
+    assert {w["node_ip"] for w in record["workers"]} == {"127.0.0.2"}
+    assert [n["alive"] for n in record["nodes"] if n["address"] == "127.0.0.3"] == [False]
+    assert (run.path / "policy" / "policy.json").is_file()
