@@ -61,11 +61,13 @@ class NodeSpec:
 
 
 class LocalRayCluster:
-    """Head (``head_cpus``, ``head_resources``) plus ``workers``; a context manager (see the module docstring)."""
+    """Head (``head_cpus``, ``head_resources``) plus ``workers``; a context manager (see the module docstring).
+    ``env``: more environment for the nodes (Ray's ``RAY_*`` system settings)."""
 
     def __init__(self, head_cpus: int = 2, workers: list[NodeSpec] | None = None,
                  head_resources: dict[str, float] | None = None, head_affinity: list[int] | None = None,
-                 object_store_mb: int = 100) -> None:
+                 object_store_mb: int = 100, env: dict[str, str] | None = None) -> None:
+        self.env = {**NODE_ENV, **(env or {})}
         self.head = NodeSpec(head_cpus, dict(head_resources or {}), head_affinity)
         self.worker_specs = list(workers or [])
         self.object_store_mb = int(object_store_mb)
@@ -106,7 +108,7 @@ class LocalRayCluster:
                 os.sched_setaffinity(0, affinity)
 
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **NODE_ENV}, preexec_fn=pin)
+                                env={**os.environ, **self.env}, preexec_fn=pin)
         self.procs.append(proc)
         return proc
 

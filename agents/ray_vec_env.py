@@ -15,7 +15,9 @@ call, the way ``SubprocVecEnv``'s worker steps its one env:
 * **plain data only**: the driver sends the env description as JSON
   (graphs, machines, planning-model files: :func:`env_spec`) and actions as
   integers; a worker answers with :func:`~opsched.agents.wire.pack_arrays`
-  bytes and JSON-able infos;
+  bytes and JSON-able infos: of each observation only the arrays that changed
+  since the last one (the graph's arrays are fixed for an episode: 27 of a
+  128-slot observation's 32 KB), the masks as bits;
 * **a lost worker** (its process or its node died): Ray restarts the actor
   (``max_restarts``; on another node when its node is gone), or, once Ray
   gives it up, the driver creates a new one.  Its envs' episodes in flight
@@ -128,6 +130,7 @@ class EnvWorker:
                                    f"(the node advertises {machine_resource(machine)} wrongly)")
         self.envs = build_envs(json.loads(spec_json), int(n))
         self.record = process_record()
+        self._sent: list[dict[str, np.ndarray]] = [{} for _ in self.envs]  # what the driver holds, per env
 
     def describe(self) -> dict[str, Any]:
         return self.record
@@ -135,14 +138,28 @@ class EnvWorker:
     def _mask(self, env: Any) -> np.ndarray:
         return np.asarray(env.get_wrapper_attr("action_masks")(), dtype=bool)
 
+    def _encode(self, obs: list[dict[str, np.ndarray]], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """Each env's observation arrays that changed since the last one sent (most of an observation,
+        the graph's, is fixed for the episode), and the masks packed to bits."""
+        for i, o in enumerate(obs):
+            last = self._sent[i]
+            for k, v in o.items():
+                if k not in last or not np.array_equal(last[k], v):
+                    arrays[f"o{i}.{k}"] = v
+                    last[k] = np.array(v, copy=True)
+        masks = np.stack([self._mask(e) for e in self.envs])
+        arrays["masks"] = np.packbits(masks, axis=1)
+        return {"mask_len": int(masks.shape[1])}
+
     def reset(self, seeds: list[int | None], options: list[dict]) -> bytes:
         obs, infos = [], []
         for env, seed, opts in zip(self.envs, seeds, options):
             o, info = env.reset(seed=seed, **({"options": opts} if opts else {}))
             obs.append(o)
             infos.append(info_to_wire(info))
-        return pack_arrays(_stacked(obs, "obs.") | {"masks": np.stack([self._mask(e) for e in self.envs])},
-                           {"reset_infos": infos})
+        arrays: dict[str, np.ndarray] = {}
+        meta = self._encode(obs, arrays)
+        return pack_arrays(arrays, {"reset_infos": infos, **meta})
 
     def step(self, actions: list[int]) -> bytes:
         """Step every env (resetting those whose episode ended, as SB3's subprocess worker does)."""
@@ -161,10 +178,9 @@ class EnvWorker:
             dones.append(done)
             infos.append(info_to_wire(info))
             reset_infos.append(info_to_wire(reset_info))
-        arrays.update(_stacked(obs, "obs."))
-        arrays.update(masks=np.stack([self._mask(e) for e in self.envs]), rewards=np.asarray(rewards, dtype=np.float64),
-                      dones=np.asarray(dones, dtype=bool))
-        return pack_arrays(arrays, {"infos": infos, "reset_infos": reset_infos})
+        meta = self._encode(obs, arrays)
+        arrays.update(rewards=np.asarray(rewards, dtype=np.float64), dones=np.asarray(dones, dtype=bool))
+        return pack_arrays(arrays, {"infos": infos, "reset_infos": reset_infos, **meta})
 
     def get_attr(self, name: str, indices: list[int]) -> list[Any]:
         out = []
@@ -199,10 +215,6 @@ class EnvWorker:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def _stacked(obs: list[dict[str, np.ndarray]], prefix: str) -> dict[str, np.ndarray]:
-    return {prefix + k: np.stack([o[k] for o in obs]) for k in obs[0]}
 
 
 def _generator(state: dict[str, Any]) -> np.random.Generator:
@@ -359,9 +371,8 @@ class RayVecEnv(VecEnv):
                 arrays, meta = unpack_arrays(self.ray.get(ref), f"env worker {w.index}")
             except self.ray.exceptions.RayActorError as exc:
                 arrays, meta = self._recover(w, exc)
-            part = _split(arrays, "obs.", w.hi - w.lo)
-            obs += part
-            masks += list(arrays["masks"])
+            obs += self._decode(w, arrays)
+            masks += _masks(arrays, meta)
             self.reset_infos += [info_from_wire(i) for i in meta["reset_infos"]]
         self._masks, self._last_obs = masks, obs
         self._reset_seeds()
@@ -397,8 +408,8 @@ class RayVecEnv(VecEnv):
                 rewards += [0.0] * n
                 dones += [True] * n
                 reset_infos += [info_from_wire(i) for i in meta["reset_infos"]]
-            obs += _split(arrays, "obs.", n)
-            masks += list(arrays["masks"])
+            obs += self._decode(w, arrays)
+            masks += _masks(arrays, meta)
             infos += part_infos
         self._masks, self._last_obs, self.reset_infos = masks, obs, reset_infos
         self.steps += self.num_envs
@@ -412,6 +423,22 @@ class RayVecEnv(VecEnv):
                 pass
             self.ray.kill(w.actor, no_restart=True)
         self.workers = []
+
+    def _decode(self, w: _Worker, arrays: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Worker ``w``'s observations: the arrays it sent, the others as they were (see ``EnvWorker._encode``)."""
+        out = []
+        for j in range(w.hi - w.lo):
+            last = self._last_obs[w.lo + j]
+            obs = {}
+            for k in self.observation_space.spaces:
+                got = arrays.get(f"o{j}.{k}")
+                if got is None:
+                    if k not in last:
+                        raise WireError(f"env worker {w.index}: observation {k!r} of env {w.lo + j} never sent")
+                    got = last[k]
+                obs[k] = got
+            out.append(obs)
+        return out
 
     def _where(self, indices: VecEnvIndices) -> list[tuple[_Worker, list[int]]]:
         """Per worker, the local indices of ``indices`` it holds (in order)."""
@@ -457,9 +484,8 @@ class RayVecEnv(VecEnv):
         return [None for _ in range(self.num_envs)]
 
 
-def _split(arrays: dict[str, np.ndarray], prefix: str, n: int) -> list[dict[str, np.ndarray]]:
-    keys = [k for k in arrays if k.startswith(prefix)]
-    return [{k[len(prefix):]: arrays[k][j] for k in keys} for j in range(n)]
+def _masks(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> list[np.ndarray]:
+    return list(np.unpackbits(arrays["masks"], axis=1, count=int(meta["mask_len"])).astype(bool))
 
 
 def _stack(obs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
