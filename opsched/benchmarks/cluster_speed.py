@@ -51,6 +51,27 @@ def rollout(env: Any, rng: Any, steps: int) -> None:
         env.step(np.argmax(masks * rng.random(masks.shape), axis=1))  # a uniformly random valid action
 
 
+def env_step_cost(graphs: list, machines: list, max_nodes: int, steps: int) -> float:
+    """Seconds per env step in this process (no worker, no wire): the work a worker does per step."""
+    import json
+
+    import numpy as np
+
+    from opsched.agents.ray_vec_env import EnvWorker, env_spec
+    from opsched.agents.wire import unpack_arrays
+
+    worker = EnvWorker(json.dumps(env_spec(graphs, machines, max_nodes)), 1)  # encodes as a worker does
+    rng = np.random.default_rng(0)
+
+    arrays, meta = unpack_arrays(worker.reset([0], [{}]))
+    mask_len = meta["mask_len"]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        mask = np.unpackbits(arrays["masks"], axis=1, count=mask_len).astype(bool)
+        arrays, meta = unpack_arrays(worker.step([int(np.argmax(mask[0] * rng.random(mask.shape[1])))]))
+    return (time.perf_counter() - t0) / steps
+
+
 def learner_costs(graphs: list, machines: list, max_nodes: int, batches: Sequence[int], repeats: int) -> dict[str, Any]:
     """Seconds of the default policy's inference per batch size, and of its PPO update per sample."""
     import numpy as np
@@ -200,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             env.close()
         training = ray_training_rate(cluster.address, graphs, machines, args.max_nodes, args.ppo_steps)
         ray.shutdown()
-    learner = learner_costs(graphs, machines, args.max_nodes, (1, 2, 8), repeats=20)
+    learner = learner_costs(graphs, machines, args.max_nodes, (1, 2, 8, 32), repeats=20)
+    learner["env_step_s_in_process"] = env_step_cost(graphs, machines, args.max_nodes, 20 * args.steps)
 
     scaling_1 = 1.0 / ratio["ray_2x1"]["median"]          # time per step ratio -> throughput ratio
     scaling_e = 1.0 / ratio_e[f"ray_2x{E}"]["median"]
@@ -235,7 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"(SB3's layout), **{overhead_e:+.0%}** with {E} envs per Ray worker (target <= +{TARGET_OVERHEAD:.0%}).",
         "* Learner (default hyperparameters, 1 torch thread): inference "
         + ", ".join(f"{float(v) * 1e6:,.0f} us/step at batch {b}" for b, v in learner["inference_s_per_step"].items())
-        + f"; PPO update {learner['update_s_per_sample'] * 1e6:,.0f} us/sample.",
+        + f"; PPO update {learner['update_s_per_sample'] * 1e6:,.0f} us/sample; one env step in-process "
+        f"(with a worker's encoding) {learner['env_step_s_in_process'] * 1e6:,.0f} us.",
         f"* MaskablePPO on 2 Ray workers (n_steps {training['n_steps']}): **{training['steps_per_s']:,.0f} env "
         f"steps/s** for the whole loop (rollout part {training['rollout_s_per_step'] * 1e6:,.0f} us/step).", "",
         f"Load: {timings.warning() or 'quiet (no round had other processes using more than a quarter core)'}; "
