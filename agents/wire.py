@@ -47,7 +47,9 @@ def pack_arrays(arrays: Mapping[str, np.ndarray], meta: Any = None) -> bytes:
     """``arrays`` (name -> numeric array) and JSON-able ``meta`` as one bytes message."""
     entries, bodies = [], []
     for name, a in arrays.items():
-        a = np.ascontiguousarray(a)
+        a = np.asarray(a)
+        if not a.flags.c_contiguous:  # (not ascontiguousarray: it turns a 0-d array into a 1-d one)
+            a = a.copy(order="C")
         if a.dtype.str not in ALLOWED_DTYPES:
             raise WireError(f"pack_arrays: {name!r} has dtype {a.dtype} (only plain numbers and booleans cross nodes)")
         entries.append([str(name), a.dtype.str, list(a.shape)])
