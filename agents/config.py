@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from opsched.agents import splits
-from opsched.errors import OpschedError
+from opsched.errors import ConfigError, OpschedError  # noqa: F401 (ConfigError re-exported)
 
 #: Settings of the PPO / encoder / imitation block, with their types (for --set).
 HYPERPARAM_TYPES: dict[str, type] = {
@@ -40,8 +40,6 @@ PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_
             "ent_coef", "vf_coef", "max_grad_norm", "target_kl")
 
 
-class ConfigError(OpschedError):
-    """A bad training / tuning setting (names the setting and the source)."""
 
 
 # The splits live in agents/splits.py (train / validation for checkpoint
@@ -91,6 +89,16 @@ class TrainConfig:
     #: Held-out evaluation and checkpoint periods, in environment steps.
     eval_freq: int = 5_000
     checkpoint_freq: int = 10_000
+    # --- many machines (agents/vec_envs.py, agents/profiled.py; README "Many machines")
+    #: Env workers as Ray actors: ``ray`` or ``ray:ADDRESS`` (None: local subprocesses).
+    cluster: str | None = None
+    #: Envs each Ray actor steps per call; lost actors the run survives in all.
+    envs_per_worker: int = 1
+    max_restarts: int = 3
+    #: Train on these profiled machines' planning models (fingerprints, or ``all``),
+    #: from the profile cache ``profiles_dir`` (None: the default one).
+    profiled_machines: list[str] = field(default_factory=list)
+    profiles_dir: str | None = None
     #: Filled by resolve(): the merged hyperparameter block.
     ppo: dict[str, Any] = field(default_factory=dict)
 
@@ -139,14 +147,21 @@ class TrainConfig:
                 raise ConfigError(
                     f"--set {key}: unknown setting; hyperparameters: {', '.join(HYPERPARAM_TYPES)}; "
                     f"settings: {', '.join(k for k in fields if k not in ('ppo', 'overrides'))}")
+        if cfg.backend != "sim" and cfg.cluster and not cfg.profiled_machines:
+            cfg.profiled_machines = ["all"]  # a cluster measures on the machines profiled there
+        if cfg.profiled_machines:
+            from opsched.agents.profiled import cache_dir, resolve_machines
+
+            cfg.train_machines = resolve_machines(cfg.profiled_machines, cache_dir(cfg.profiles_dir))
         if cfg.backend != "sim":
             # Measured rewards: this machine, executable (zoo) graphs, one env
-            # (parallel envs would time each other's runs).
+            # (parallel envs would time each other's runs; on a cluster, one per node).
             if cfg.train_machines == DEFAULT_TRAIN_MACHINES:
                 cfg.train_machines = list(REAL_TRAIN_MACHINES)
             if cfg.train_graphs == DEFAULT_TRAIN_GRAPHS:
                 cfg.train_graphs = list(REAL_TRAIN_GRAPHS)
-            cfg.n_envs = 1
+            if not cfg.cluster:
+                cfg.n_envs = 1
         cfg.validate()
         return cfg
 
@@ -157,6 +172,12 @@ class TrainConfig:
             raise ConfigError(f"torch_threads must be >= 1, got {self.torch_threads}")
         if self.n_envs < 1:
             raise ConfigError(f"n_envs must be >= 1, got {self.n_envs}")
+        if self.envs_per_worker < 1 or self.max_restarts < 0:
+            raise ConfigError("envs_per_worker must be >= 1 and max_restarts >= 0")
+        if self.cluster:
+            from opsched.agents.cluster import parse_cluster
+
+            parse_cluster(self.cluster)
         if self.backend not in ("sim", "torch-cpu"):
             raise ConfigError(f"backend must be 'sim' or 'torch-cpu', got {self.backend!r}")
         if self.eval_freq < 1 or self.checkpoint_freq < 1:

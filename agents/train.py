@@ -7,7 +7,7 @@ The path, in order:
    the run folder (``runs/<name>_<N>``) -- or open it again for ``--resume``;
 2. load the training graphs x machines and the held-out ones; compute the
    baselines' makespans on the held-out pairs once;
-3. build ``n_envs`` ScheduleEnvs (SubprocVecEnv) and ``MaskablePPO(GraphPolicy, ...)``;
+3. build ``n_envs`` ScheduleEnvs (SubprocVecEnv, or Ray actors: :mod:`opsched.agents.vec_envs`) and ``MaskablePPO(GraphPolicy, ...)``;
    restore a checkpoint (``--resume``) or a model (``--init``), else warm-start by
    imitation of the heuristics (:mod:`opsched.agents.imitation`);
 4. ``model.learn(...)`` with callbacks that evaluate on the held-out set,
@@ -44,7 +44,6 @@ from opsched.agents.callbacks import (
     sigint_stops,
 )
 from opsched.agents.config import ConfigError, TrainConfig
-from opsched.agents.environments import make_env, make_vec_env
 from opsched.agents.evaluate import HeldOutEvaluator
 from opsched.agents.model import build_model, load_trained_model, set_weights  # noqa: F401 (re-exported)
 from opsched.agents.runs import Run, RunLock
@@ -137,7 +136,9 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
         graphs, machines = load_sets(cfg)
         evaluator = HeldOutEvaluator(cfg, cache_dir=graphs_dir())
         _write_baselines(run, evaluator)
-        env = make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
+        from opsched.agents.vec_envs import training_vec_env  # local workers or Ray actors, by config
+
+        env = training_vec_env(cfg, graphs, machines, run.path)
         try:
             model = build_model(cfg, env, seed=None if checkpoint is not None else cfg.seed)
             model.set_logger(configure(str(run.tensorboard_dir), ["tensorboard"]))
@@ -154,8 +155,8 @@ def _train_locked(run: Run, cfg: TrainConfig, checkpoint: Any, progress: bool, o
             elif cfg.ppo.get("imitation_rounds", 0) > 0 or cfg.ppo.get("iteration_rounds", 0) > 0:
                 _warm_start(model, cfg, graphs, machines, state, evaluator, console, progress)
             _learn(model, cfg, state, evaluator, progress, on_eval, console, fresh=checkpoint is None)
-            if cfg.backend != "sim" and not run.interrupted and not state.pruned:
-                _real_report(run, cfg, model, graphs, machines, console)
+            if cfg.backend != "sim" and not cfg.cluster and not run.interrupted and not state.pruned:
+                _real_report(run, cfg, model, graphs, machines, console)  # measured here: a cluster's are not
         finally:
             env.close()
             evaluator.close()
@@ -191,7 +192,9 @@ def _warm_start(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: li
 
     p = cfg.ppo
     pairs = [(g, m) for g in graphs for m in machines]
-    env = make_env(graphs, machines, cfg.max_nodes, backend="sim")
+    from opsched.agents.vec_envs import warm_start_env
+
+    env = warm_start_env(cfg, graphs, machines)
     t0 = time.time()
     best: dict[str, Any] = {}
     n_imitation = int(p.get("imitation_rounds", 0))

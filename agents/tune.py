@@ -19,12 +19,28 @@ Storage: default an SQLite file ``<out>/optuna.db``; ``--storage`` takes any
 Optuna RDB URL (``sqlite:///path``, ``postgresql://...``, ``mysql://...``) or a
 journal file (a path ending in ``.log`` / ``.journal``, or ``journal:PATH``),
 which works on a shared file system without a database server.
+``postgresql://`` uses psycopg 3 (the ``[cluster]`` extra) when psycopg2 is
+not installed.
+
+A killed worker (``kill -9``, a lost machine): on an RDB storage every worker
+beats Optuna's heartbeat for its running trial (``heartbeat`` seconds;
+``RDBStorage(heartbeat_interval=..., grace_period=2 x that,
+heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(...))``, the
+new name of ``failed_trial_callback=RetryFailedTrialCallback``).  A trial
+whose heartbeat stopped is marked FAIL by the next worker that looks
+(``fail_stale_trials``, before each ask and while a worker waits) and queued
+again with the same parameters (system attributes ``failed_trial``,
+``retry_history``); the retry takes the failed trial's place under the cap.
+A worker that finds the cap reached stays while other trials still run, so
+a retry of one of them is never left without a worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +68,10 @@ class TuneConfig:
     #: The training config every trial starts from (trials override the searched keys).
     base: TrainConfig = field(default_factory=lambda: TrainConfig(timesteps=20_000))
     progress: bool = False
+    #: Seconds between a running trial's heartbeats (RDB storages; 0: no heartbeat).
+    heartbeat: int = 60
+    #: Retries of a trial whose worker died (each retry is a new trial with its parameters).
+    max_retry: int = 2
 
 
 def storage_url(storage: str | None, out: str | Path) -> str:
@@ -62,8 +82,9 @@ def storage_url(storage: str | None, out: str | Path) -> str:
     return storage
 
 
-def make_storage(storage: str | None, out: str | Path) -> Any:
-    """An Optuna storage object: journal file, RDB (SQLite waits for locks instead of failing)."""
+def make_storage(storage: str | None, out: str | Path, heartbeat: int = 0, max_retry: int = 2) -> Any:
+    """An Optuna storage object: journal file, RDB (SQLite waits for locks instead of failing);
+    ``heartbeat`` > 0: RDB trials beat a heartbeat and a stale one is failed and retried."""
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
@@ -78,6 +99,13 @@ def make_storage(storage: str | None, out: str | Path) -> Any:
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kwargs = {"connect_args": {"timeout": 60}}
+    url = _postgres_driver(url)
+    beat: dict[str, Any] = {}
+    if heartbeat > 0:
+        from optuna.storages import RetryHeartbeatStaleTrialCallback
+
+        beat = dict(heartbeat_interval=int(heartbeat), grace_period=2 * int(heartbeat),
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry))
     # Workers started together race to create the schema of a new database; the
     # loser sees "table ... already exists" or a UNIQUE violation on the schema
     # version row.  By then the schema is there, so connecting again succeeds.
@@ -85,7 +113,7 @@ def make_storage(storage: str | None, out: str | Path) -> Any:
 
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
         except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
             race = "already exists" in str(exc) or "alembic_version" in str(exc)
             if not race or attempt == 4:
@@ -94,11 +122,23 @@ def make_storage(storage: str | None, out: str | Path) -> Any:
     raise AssertionError("unreachable")
 
 
+def _postgres_driver(url: str) -> str:
+    """``postgresql://`` means SQLAlchemy's psycopg2 driver; use psycopg 3 when only it is installed."""
+    if not url.startswith("postgresql://"):
+        return url
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + url[len("postgresql://"):]
+    return url
+
+
 def open_study(cfg: TuneConfig) -> Any:
     import optuna
 
     return optuna.create_study(
-        study_name=cfg.study, storage=make_storage(cfg.storage, cfg.base.out), direction="minimize",
+        study_name=cfg.study, storage=make_storage(cfg.storage, cfg.base.out, cfg.heartbeat, cfg.max_retry),
+        direction="minimize",
         load_if_exists=True,
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1),
     )
@@ -111,9 +151,60 @@ def trial_config(base: TrainConfig, params: dict[str, Any], name: str) -> TrainC
     return dataclasses.replace(base, name=name, overrides=overrides, ppo={})
 
 
+def _retried(trials: list[Any]) -> set[int]:
+    """Numbers of failed trials that were queued again (a retry holds their place under the cap)."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+
+
 def _started(study: Any) -> int:
-    """Trials that count against the cap: all but those closed as over the cap."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("over_cap"))
+    """Trials that count against the cap: all but those closed as over the cap and those retried."""
+    trials = study.get_trials(deepcopy=False)
+    retried = _retried(trials)
+    return sum(1 for t in trials if not t.user_attrs.get("over_cap") and t.number not in retried)
+
+
+def _heartbeat(study: Any) -> bool:
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return is_heartbeat_enabled(study._storage)
+
+
+def _fail_stale(study: Any) -> None:
+    """Optuna's ``fail_stale_trials`` (experimental since 2.9; what ``study.optimize`` calls per trial)."""
+    import warnings
+
+    import optuna
+
+    if _heartbeat(study):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+
+
+def _others_running(study: Any) -> bool:
+    """Trials still RUNNING or queued (WAITING) that count against the cap."""
+    from optuna.trial import TrialState
+
+    return any(t.state in (TrialState.RUNNING, TrialState.WAITING) and not t.user_attrs.get("over_cap")
+               for t in study.get_trials(deepcopy=False))
+
+
+def _wait_for_others(study: Any, log: Callable[[str], None]) -> bool:
+    """With a heartbeat: stay while other trials run, failing stale ones; True when a retry is queued."""
+    from optuna.trial import TrialState
+
+    if not _heartbeat(study):
+        return False
+    said = False
+    while _others_running(study):
+        _fail_stale(study)
+        if any(t.state == TrialState.WAITING for t in study.get_trials(deepcopy=False)):
+            return True
+        if not said:
+            log("the cap is reached; waiting while other workers' trials run (a stale one is retried here)")
+            said = True
+        time.sleep(min(1.0, study._storage.get_heartbeat_interval()))
+    return False
 
 
 def run_worker(cfg: TuneConfig, log: Callable[[str], None] = print) -> list[int]:
@@ -126,12 +217,21 @@ def run_worker(cfg: TuneConfig, log: Callable[[str], None] = print) -> list[int]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(cfg)
     mine: list[int] = []
-    while _started(study) < cfg.n_trials:
+    while True:
+        _fail_stale(study)  # a dead worker's trial: FAIL, queued again
+        if _started(study) >= cfg.n_trials and not _wait_for_others(study, log):
+            break
         trial = study.ask()
         if trial.number >= cfg.n_trials + _over_cap_before(study, trial.number):
             trial.set_user_attr("over_cap", True)
             study.tell(trial, state=TrialState.FAIL)
+            if _wait_for_others(study, log):
+                continue
             break
+        trial.set_user_attr("worker", f"{platform.node()}:{os.getpid()}")
+        retry = study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        if retry is not None:
+            log(f"trial {trial.number}: retrying trial {retry}, whose worker died")
         params = {k: sample(trial) for k, sample in SEARCH_SPACE.items() if k not in cfg.base.overrides}
         tcfg = trial_config(cfg.base, params, f"{cfg.study}_t{trial.number}")
 
@@ -139,9 +239,12 @@ def run_worker(cfg: TuneConfig, log: Callable[[str], None] = print) -> list[int]
             trial.report(row[OBJECTIVE_KEY], step=steps)
             return trial.should_prune()
 
+        from optuna.storages._heartbeat import get_heartbeat_thread  # what study.optimize beats with
+
         try:
-            run = train(tcfg, argv=["opsched", "tune", f"(trial {trial.number})"], progress=cfg.progress,
-                        on_eval=on_eval)
+            with get_heartbeat_thread(trial._trial_id, study._storage):
+                run = train(tcfg, argv=["opsched", "tune", f"(trial {trial.number})"], progress=cfg.progress,
+                            on_eval=on_eval)
         except BaseException as exc:
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}"[:500])
             study.tell(trial, state=TrialState.FAIL)
@@ -166,8 +269,10 @@ def run_worker(cfg: TuneConfig, log: Callable[[str], None] = print) -> list[int]
 
 
 def _over_cap_before(study: Any, number: int) -> int:
-    """Over-cap trials numbered below ``number`` (they used numbers, not budget)."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.number < number and t.user_attrs.get("over_cap"))
+    """Over-cap and retried trials numbered below ``number`` (they used numbers, not budget)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = _retried(trials)
+    return sum(1 for t in trials if t.number < number and (t.user_attrs.get("over_cap") or t.number in retried))
 
 
 def trial_params(cfg: TuneConfig, number: int) -> dict[str, Any]:

@@ -27,3 +27,7 @@ class ExecutionError(OpschedError, RuntimeError):
 
 class PolicyError(OpschedError, ValueError):
     """A policy file that is missing, corrupt, or made for something else."""
+
+
+class ConfigError(OpschedError):
+    """A bad training / tuning setting (names the setting and the source)."""

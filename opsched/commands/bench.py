@@ -28,7 +28,7 @@ def bench_cmd(
     search_trials: int = typer.Option(0, "--search-trials", help="Optuna search budget per graph."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Leave torch.compile out."),
     profile: bool = typer.Option(False, "--profile", help="Profile zoo models that have no cached profile first."),
-    profiles: str = typer.Option("", "--profiles", help="Profile cache opsched plans with (default runs/profiles)."),
+    profiles: str = typer.Option("", "--profiles", help="Profile cache opsched plans with (default: the per-user cache, `opsched cache --path`)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bars."),
 ) -> None:
     """Benchmark opsched against eager PyTorch, torch.compile, ONNX Runtime, TensorFlow and the lower bound."""

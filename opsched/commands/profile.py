@@ -1,6 +1,7 @@
 """``opsched profile MODEL``: measure a model's ops and this machine's runtime, for planning.
 
-Two steps, both cached under ``--out`` (``runs/profiles``) and reused by
+Two steps, both cached under ``--out`` (default: the per-user cache's
+``profiles/``, ``opsched cache --path``) and reused by
 every later plan on this machine (:func:`opsched.planning.planning_model`):
 
 1. every op alone at 1, 2, 4 ... threads, plus co-run pairs
@@ -52,8 +53,16 @@ def profile_cmd(
     runtime: bool = typer.Option(True, "--runtime/--no-runtime", help="Also measure whole plans and refit this "
                                  "machine's runtime model (about a minute; needs a PyTorch model)."),
     runtime_plans: int = typer.Option(16, "--runtime-plans", min=4, help="Plans measured for the runtime model."),
-    out: Path = typer.Option(Path("runs/profiles"), "--out", "-o", help="Profile cache folder."),
+    out: Path = typer.Option(None, "--out", "-o", help="Profile cache folder (default: the per-user cache's "
+                             "profiles/, where every command plans from; `opsched cache --path`).",
+                             show_default=False),
     top: int = typer.Option(15, "--top", min=1, help="How many ops to list."),
+    mode: str = typer.Option("infer", "--mode", help="infer (the network's ops) or train (the ops of its training "
+                             "step: forward, backward and the optimizer update, torch-cpu)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="Train mode: sgd, adam or adamw."),
+    cluster: str = typer.Option(None, "--cluster", help="Profile every distinct machine of a Ray cluster on its "
+                                "own nodes (ray or ray:ADDRESS) and gather the profiles here, keyed by each "
+                                "machine's fingerprint (needs opsched[cluster]; torch-cpu only)."),
     progress: bool | None = progress_option(),
 ) -> None:
     """Profile each op of MODEL alone on real tensors at 1, 2, 4, ... threads, then fit the runtime model on
@@ -76,6 +85,21 @@ def profile_cmd(
             levels = [int(x) for x in threads.split(",") if x.strip()]
         except ValueError:
             raise OpschedError(f"--threads {threads!r}: expected comma-separated integers such as 1,2") from None
+    from opsched.cache import profiles_dir
+
+    out = profiles_dir(out)
+    if mode not in ("infer", "train"):
+        raise OpschedError(f"profile: --mode must be infer or train, got {mode!r}")
+    if mode == "train" and (backend != "torch-cpu" or cluster):
+        raise OpschedError("profile --mode train: training steps are profiled on torch-cpu, on this machine")
+    if cluster:
+        if backend != "torch-cpu":
+            raise OpschedError(f"profile --cluster: --backend {backend} is not supported on a cluster (torch-cpu is)")
+        from opsched.commands.cluster_profile import profile_on_cluster
+
+        profile_on_cluster(console, cluster, spec, batch, width, seed, levels, warmup, repeats, not no_interference,
+                           runtime, runtime_plans, refresh, out)
+        return
     machine = Machine.probe()
     if backend not in ("torch-cpu", "ort"):
         raise OpschedError(f"profile: --backend must be torch-cpu or ort, got {backend!r}")
@@ -83,8 +107,15 @@ def profile_cmd(
         _profile_ort(console, spec, batch, width, seed, machine, levels, refresh, not no_interference, runtime,
                      runtime_plans, out, top, progress)
         return
-    with console.status(f"importing {spec}"):
-        graph = load_graph(spec, batch=batch, width=width, seed=seed)
+    with console.status(f"importing {spec}" + (" (training step)" if mode == "train" else "")):
+        if mode == "train":
+            from opsched.importers.torch_step import capture_step
+            from opsched.training import load_training
+
+            net, x, y = load_training(spec, batch, width, seed, optimizer=optimizer)
+            graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"{spec}:train")
+        else:
+            graph = load_graph(spec, batch=batch, width=width, seed=seed)
     path = cache_path(graph, machine, out)
     before = path.stat().st_mtime_ns if path.exists() else None
     prof = profile_graph(graph, machine, threads=levels, warmup=warmup, repeats=repeats, refresh=refresh,
@@ -94,7 +125,10 @@ def profile_cmd(
     reused = before is not None and path.exists() and path.stat().st_mtime_ns == before
     state = "reused the cached profile (--refresh to measure again)" if reused else "profile written to"
     console.print(f"{state} [bold]{path}[/bold]")
-    if runtime:
+    if runtime and mode == "train":
+        console.print("[yellow]runtime model: fitted on inference plans only; the training step is planned with the "
+                      "runtime model of its executor (profile an inference graph with --runtime)[/yellow]")
+    elif runtime:
         _calibrate(console, spec, graph, batch, width, seed, machine, out, runtime_plans, progress)
 
 

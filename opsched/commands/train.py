@@ -51,6 +51,11 @@ def train_policy(
     config: Optional[Path] = typer.Option(None, "--config", show_default=False,
                                           help="Start from a config.yaml, e.g. a run's (default: the built-in "
                                                "settings)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", show_default=False,
+                                          help="Run the env workers as Ray actors on a cluster: ray (Ray's default: "
+                                               "RAY_ADDRESS or the cluster started here) or ray:ADDRESS; the "
+                                               "learner stays here (default: local subprocesses). Needs "
+                                               "opsched[cluster]."),
     progress: Optional[bool] = progress_option(),
 ) -> None:
     from opsched.agents import TrainConfig, train
@@ -61,8 +66,9 @@ def train_policy(
     argv = typed_command(ctx)
     show = want_progress(progress)
     if resume is not None:
-        if set_ or init or config:
-            raise ConfigError("--resume continues a run with its own config; only --timesteps may change it")
+        if set_ or init or config or cluster:
+            raise ConfigError("--resume continues a run with its own config (its cluster too); only --timesteps may "
+                              "change it")
         run = resume_run(resume, timesteps=timesteps, argv=argv, progress=show, console=console)
     else:
         cfg = TrainConfig.load(config) if config else TrainConfig()
@@ -72,6 +78,11 @@ def train_policy(
             cfg.ppo = {}  # re-resolve from --hyperparams and --set
         if timesteps is not None:
             cfg.timesteps = timesteps
+        if cluster is not None:
+            from opsched.agents.cluster import parse_cluster, require_ray
+
+            cfg.cluster = str(parse_cluster(cluster))
+            require_ray()  # before a run folder is made
         cfg.init = str(init) if init else None
         cfg.overrides = {**cfg.overrides, **parse_set(set_)}
         run = train(cfg, argv=argv, progress=show, console=console)

@@ -43,6 +43,9 @@ def tune_cmd(
     out: Path = typer.Option(Path("runs"), "--out", help="Folder of the trial run folders (and the default "
                              "study file)."),
     show: bool = typer.Option(False, "--show", help="Only list the study's trials."),
+    heartbeat: int = typer.Option(60, "--heartbeat", min=0, help="Seconds between a running trial's heartbeats "
+                                  "(database storages): a trial whose worker died is marked failed after two "
+                                  "missed beats and retried by another worker (0: off)."),
     progress: Optional[bool] = progress_option(),
 ) -> None:
     """Search PPO / encoder hyperparameters with Optuna (ask/tell, pruning, shared storage)."""
@@ -53,7 +56,7 @@ def tune_cmd(
     base = TrainConfig(n_envs=n_envs, seed=seed, hyperparams=hyperparams, out=str(out),
                        overrides=parse_set(set_), timesteps=20_000)
     cfg = TuneConfig(study=study, storage=storage, n_trials=n_trials, base=base,
-                     progress=want_progress(progress))
+                     progress=want_progress(progress), heartbeat=heartbeat)
     if show:
         print_trials(summary(cfg), console)
         return
