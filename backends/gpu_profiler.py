@@ -194,7 +194,7 @@ def profile_gpu(graph: OpGraph, machine: Machine | None = None, device: str = "g
     }
     if link_fig is not None:
         settings["link"] = link_fig
-    prof = Profile(graph.fingerprint(), graph.name, machine.fingerprint(), machine.name, asdict(gpu), (1,),
+    prof = Profile(graph.fingerprint(), graph.name, machine.hardware_fingerprint(), machine.name, asdict(gpu), (1,),
                    records, None, settings)
     if path is not None:
         prof.save(path)

@@ -233,7 +233,7 @@ def profile_ort(graph: OpGraph, machine: Machine | None = None, threads: Sequenc
                 "run_s": {str(k): float(np.median(v)) for k, v in run_s.items() if v},
                 "kernel_sum_s": {str(k): float(sum(p.median[k] for p in records.values())) for k in levels},
                 "host": platform.node(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    prof = Profile(graph.fingerprint(), graph.name, machine.fingerprint(), machine.name, asdict(machine.cpu),
+    prof = Profile(graph.fingerprint(), graph.name, machine.hardware_fingerprint(), machine.name, asdict(machine.cpu),
                    levels, records, inter, settings)
     prof.save(path)
     return prof

@@ -325,7 +325,7 @@ def profile_graph(graph: OpGraph, machine: Machine | None = None, threads: Seque
             bar.update(task, description=f"{graph.name}: co-run pairs")
             inter = _measure_interference(graph, machine, fns, records, levels[0], bar, task)
         bar.update(task, description=f"{graph.name}: done")
-    prof = Profile(graph.fingerprint(), graph.name, machine.fingerprint(), machine.name, asdict(machine.cpu),
+    prof = Profile(graph.fingerprint(), graph.name, machine.hardware_fingerprint(), machine.name, asdict(machine.cpu),
                    levels, records, inter, settings)
     if path is not None:
         prof.save(path)

@@ -621,7 +621,7 @@ def _op_times(graph: OpGraph, trace: Any) -> np.ndarray:
 def runtime_dir(machine: Machine, cache_dir: str | Path | None = None) -> Path:
     """Where ``machine``'s runtime measurements and models live, beside its profiles
     (keyed by its CPU: the runtimes modelled here run on the CPU)."""
-    return profiles_dir(cache_dir) / "runtime" / machine.cpu_only().fingerprint()
+    return profiles_dir(cache_dir) / "runtime" / machine.cpu_only().hardware_fingerprint()
 
 
 def runtime_path(machine: Machine, backend: str = "torch-cpu", cache_dir: str | Path | None = None) -> Path:

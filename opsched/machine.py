@@ -26,6 +26,7 @@ names the device or link, the field and, for a file, the file.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -295,9 +296,28 @@ class Machine:
         }
 
     def fingerprint(self) -> str:
-        """Stable hash of what matters to a schedule: devices and links, not prose."""
+        """Stable hash of what matters to a schedule: devices and links (with the load of
+        busy cores, when there is any), not prose."""
         body = {"devices": self.to_dict()["devices"], "links": self.to_dict()["links"]}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def loaded(self) -> bool:
+        """Some of its cores are busy with other work (``busy_cores`` > 0 on a device)."""
+        return any(d.busy_cores for d in self.devices)
+
+    def at_rest(self) -> Machine:
+        """The same hardware with no core busy: what a plan names as its machine."""
+        if not self.loaded:
+            return self
+        return dataclasses.replace(self, devices=tuple(dataclasses.replace(d, busy_cores=0.0) for d in self.devices))
+
+    def hardware_fingerprint(self) -> str:
+        """The fingerprint of the hardware alone (:meth:`at_rest`): what a Plan records and is
+        checked against, so a plan made while some cores were busy still runs on the idle
+        machine, and the other way round (the load changes which plan is best, not which
+        plans are valid)."""
+        return self.at_rest().fingerprint()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "<dict>") -> Machine:
@@ -385,8 +405,14 @@ class Machine:
 
     # ------------------------------------------------------------------ probe
     @classmethod
-    def probe(cls) -> Machine:
+    def probe(cls, load: bool = False) -> Machine:
         """Describe the machine this process runs on.
+
+        ``load``: also sample how many cores other processes keep busy right now
+        (:func:`sample_busy_cores`, a quarter of a second) into the CPU's
+        ``busy_cores``, which the simulator prices (a thread team wider than the
+        free cores waits at every barrier for its member on a busy core) and so
+        every policy plans with.
 
         Cores are the *physical* cores this process may use (affinity-aware:
         ``sched_getaffinity`` intersected with /proc/cpuinfo's core ids); GPUs
@@ -395,6 +421,7 @@ class Machine:
         fingerprint's way of changing because they are constants here."""
         logical, physical, sockets, model = _probe_cpu()
         smt = max(1, logical // max(1, physical))
+        busy = sample_busy_cores(physical) if load else 0.0
         cpu = Device(
             id="cpu",
             kind="cpu",
@@ -405,6 +432,7 @@ class Machine:
             sockets=sockets,
             smt=smt,
             name=model,
+            busy_cores=busy,
         )
         devices = [cpu]
         links = []
@@ -511,6 +539,26 @@ def _probe_cpu() -> tuple[int, int, int, str]:
     return len(allowed), physical, max(1, len(sockets)), model
 
 
+#: Sampling window of :func:`sample_busy_cores`, and the share of a core other work must keep
+#: busy before it counts as a busy core (a quarter core of background noise is no load).
+LOAD_WINDOW_S, BUSY_THRESHOLD = 0.25, 0.5
+
+
+def sample_busy_cores(cores: int, window_s: float = LOAD_WINDOW_S) -> float:
+    """Whole cores other processes keep busy now: their CPU use over ``window_s`` rounded to the
+    nearest core (0 below :data:`BUSY_THRESHOLD`), at most ``cores - 1``."""
+    import time
+
+    from opsched.timing import ContentionMeter
+
+    with ContentionMeter() as meter:
+        time.sleep(window_s)
+    others = meter.others_cores
+    if others < BUSY_THRESHOLD or cores < 2:
+        return 0.0
+    return float(min(cores - 1, int(others + 0.5)))
+
+
 def cpu_model_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``, read by :func:`_probe_cpu`), else ``platform.processor()``."""
     return _probe_cpu()[3]
@@ -566,7 +614,8 @@ def preset_names() -> list[str]:
 
 
 #: The machine spec grammar, for error messages and ``--help``.
-MACHINE_SPECS = ("a preset (" + ", ".join(["local", *PRESETS]) + "), a machine YAML file, or "
+MACHINE_SPECS = ("a preset (" + ", ".join(["local", *PRESETS]) + "), local:load (this machine with the cores "
+                 "other work keeps busy now), a machine YAML file, or "
                  "cpu:CORES:GFLOPS_PER_CORE:MEM_GBS[:SOCKETS] (a CPU-only machine)")
 
 
@@ -578,6 +627,8 @@ def get_machine(spec: str | Machine | None = None) -> Machine:
         return spec
     if spec in (None, "local", "probe"):
         return Machine.probe()
+    if spec == "local:load":
+        return Machine.probe(load=True)
     if not isinstance(spec, str) or not spec.strip():
         raise MachineError(f"a machine spec is a string, got {spec!r}; {MACHINE_SPECS}")
     if spec in PRESETS:

@@ -66,7 +66,7 @@ class Plan:
     def build(cls, graph: OpGraph, machine: Machine, assignments: Mapping[str, Assignment],
               policy: str = "", **meta: Any) -> Plan:
         """Make a plan stamped with the graph's and machine's fingerprints, validated."""
-        plan = cls(dict(assignments), graph.fingerprint(), machine.fingerprint(), policy, meta)
+        plan = cls(dict(assignments), graph.fingerprint(), machine.hardware_fingerprint(), policy, meta)
         plan.validate(graph, machine)
         return plan
 
@@ -78,10 +78,10 @@ class Plan:
                 f"{where}: made for a different graph (fingerprint {self.graph_fingerprint}, "
                 f"this graph is {graph.fingerprint()})"
             )
-        if check_fingerprints and self.machine_fingerprint and self.machine_fingerprint != machine.fingerprint():
+        if check_fingerprints and self.machine_fingerprint and self.machine_fingerprint != machine.hardware_fingerprint():
             raise PlanError(
                 f"{where}: made for a different machine (fingerprint {self.machine_fingerprint}, "
-                f"machine {machine.name!r} is {machine.fingerprint()})"
+                f"machine {machine.name!r} is {machine.hardware_fingerprint()})"
             )
         missing = [op.id for op in graph.ops if op.id not in self.assignments]
         if missing:

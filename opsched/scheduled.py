@@ -87,13 +87,13 @@ def backend_choices() -> tuple[str, ...]:
 def shared_backend(name: str, machine: Machine) -> Backend:
     """One backend per (runtime, machine) for every scheduled model of the process
     (one worker pool, not one per model; closed at exit)."""
-    key = (name, machine.fingerprint())
+    key = (name, machine.hardware_fingerprint())  # one pool whatever the load (plans are checked on hardware)
     with _LOCK:
         be = _BACKENDS.get(key)
         if be is None:
             from opsched.backends.registry import get_backend
 
-            be = _BACKENDS[key] = get_backend(name, machine)
+            be = _BACKENDS[key] = get_backend(name, machine.at_rest())
             atexit.register(be.close)
         return be
 
@@ -209,8 +209,8 @@ def prepare(network: Any, example_inputs: Any = None, *, backend: str | Backend 
             raise OpschedError(f"backend {backend.name} cannot schedule a {framework} network")
     if open_backend is not None:
         mach = open_backend.machine
-    else:
-        mach = get_machine(machine or "local")
+    else:  # this machine as it is now: cores busy with other work are part of what is planned for
+        mach = get_machine(machine or "local:load")
         if not spec(names[0]).cuda:
             mach = mach.cpu_only()
     last: Prepared | None = None

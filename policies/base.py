@@ -47,9 +47,9 @@ def build_plan(graph: OpGraph, machine: Machine, assignments: Mapping[str, Assig
     """:meth:`Plan.build` with the graph's and machine's fingerprints computed
     once per object: a fingerprint hashes the whole graph, which would cost
     more than planning itself for policies that build many candidate plans."""
-    from opsched.engine.sim import cached_fingerprint
+    from opsched.engine.sim import cached_fingerprint, plan_fingerprint
 
-    plan = Plan(dict(assignments), cached_fingerprint(graph), cached_fingerprint(machine), policy, meta)
+    plan = Plan(dict(assignments), cached_fingerprint(graph), plan_fingerprint(machine), policy, meta)
     plan.validate(graph, machine, check_fingerprints=False)
     return plan
 

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from opsched.engine.contracts import PerfModel
-from opsched.engine.sim import SimStatic, cached_fingerprint, prepare, replay
+from opsched.engine.sim import SimStatic, cached_fingerprint, plan_fingerprint, prepare, replay
 from opsched.errors import ExecutionError, OpschedError, PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -361,6 +361,102 @@ class CpSatResult:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: The solver process of :func:`solve_isolated`: builds the CP-SAT model of a JSON problem (from
+#: :func:`cpsat_schedule`), solves it, prints JSON.  The model: per op exactly one mode (device,
+#: threads, duration) as optional intervals; per device a cumulative of threads within its slots; on a
+#: GPU the occupancy-seconds within the makespan; each edge's consumer starts after its producer ends,
+#: plus the transfer when their devices differ; minimise the makespan.
+_SOLVER_CHILD = r"""
+import json, sys
+from ortools.sat.python import cp_model
+P = json.load(sys.stdin)
+n, nd, H = P["n"], P["nd"], P["horizon"]
+m = cp_model.CpModel()
+start = [m.NewIntVar(0, H, f"s{i}") for i in range(n)]
+end = [m.NewIntVar(0, H, f"e{i}") for i in range(n)]
+lits, on_dev = [], []
+per_dev = [([], []) for _ in range(nd)]
+occ = [[] for _ in range(nd)]
+for i, ms in enumerate(P["modes"]):
+    ls = [m.NewBoolVar(f"m{i}_{k}") for k in range(len(ms))]
+    m.AddExactlyOne(ls)
+    lits.append(ls)
+    for k, (d, thr, du) in enumerate(ms):
+        iv = m.NewOptionalIntervalVar(start[i], du, end[i], ls[k], f"iv{i}_{k}")
+        per_dev[d][0].append(iv)
+        per_dev[d][1].append(thr)
+        w = P["occupancy"][i][k]
+        if w > 0:
+            occ[d].append((ls[k], w))
+    devs = []
+    for d in range(nd):
+        mine = [ls[k] for k, (dd, _, _) in enumerate(ms) if dd == d]
+        if not mine:
+            devs.append(None)
+        elif len(mine) == 1:
+            devs.append(mine[0])
+        else:
+            v = m.NewBoolVar(f"d{i}_{d}")
+            m.Add(sum(mine) == v)
+            devs.append(v)
+    on_dev.append(devs)
+for d in range(nd):
+    if per_dev[d][0]:
+        m.AddCumulative(per_dev[d][0], per_dev[d][1], P["caps"][d])
+span = m.NewIntVar(0, H, "makespan")
+for d in range(nd):
+    if occ[d]:
+        m.Add(sum(w * lit for lit, w in occ[d]) <= 1000 * span)
+for j, i in P["edges"]:
+    m.Add(start[i] >= end[j])
+for j, i, a, b, c in P["xfer"]:
+    if on_dev[j][a] is not None and on_dev[i][b] is not None:
+        m.Add(start[i] >= end[j] + c).OnlyEnforceIf([on_dev[j][a], on_dev[i][b]])
+for i in P["sinks"]:
+    m.Add(span >= end[i])
+if P["lower"] > 0:
+    m.Add(span >= P["lower"])
+m.Minimize(span)
+for i, k, t in P["hint"] or []:
+    for kk, lit in enumerate(lits[i]):
+        m.AddHint(lit, kk == k)
+    m.AddHint(start[i], t)
+s = cp_model.CpSolver()
+s.parameters.max_time_in_seconds = float(sys.argv[1])
+s.parameters.num_workers = int(sys.argv[2])
+s.parameters.random_seed = int(sys.argv[3])
+status = s.Solve(m)
+ok = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+out = {"status": s.StatusName(status), "objective": s.ObjectiveValue() if ok else None,
+       "bound": s.BestObjectiveBound()}
+if ok:
+    out["mode"] = [next(k for k, lit in enumerate(ls) if s.Value(lit)) for ls in lits]
+    out["start"] = [s.Value(v) for v in start]
+    out["end"] = [s.Value(v) for v in end]
+json.dump(out, sys.stdout)
+"""
+
+
+def solve_isolated(problem: dict[str, Any], time_limit_s: float, workers: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Build and solve :func:`cpsat_schedule`'s CP-SAT model in a child process (JSON in and out).
+
+    Why a process: OR-Tools and TensorFlow both link their own abseil and protobuf, and CP-SAT
+    in a process that has imported TensorFlow (a Keras model, the ``tf`` backend) segfaults as
+    soon as it serialises a model (seen in the test suite).  The child imports nothing but
+    OR-Tools; the problem and the answer are plain JSON (no pickle)."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SOLVER_CHILD, str(float(time_limit_s)), str(int(workers)),
+                           str(int(seed))], input=json.dumps(problem), capture_output=True, text=True,
+                          timeout=float(time_limit_s) + 120.0)
+    if proc.returncode != 0:
+        raise OpschedError(f"CP-SAT's solver process failed (exit {proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
 def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = None,
                    time_limit_s: float = 10.0, *, hint: Plan | None = None, lower_bound: float = 0.0,
                    workers: int = 1, seed: int = 0, resolution: int = 20000, max_ops: int = 400) -> CpSatResult:
@@ -380,7 +476,10 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
     by the ends (a real schedule maps to a point with makespan = its own).  ``workers``: CP-SAT's
     search threads (1 by default: a deterministic run).  Graphs of more than
     ``max_ops`` ops raise :class:`~opsched.errors.OpschedError`."""
-    cp_model = require_ortools()
+    import importlib.util
+
+    if importlib.util.find_spec("ortools") is None:  # a clear error here, not in the solver process
+        require_ortools()
     t0 = time.perf_counter()
     s = prepare(graph, machine, model)
     n, nd = s.n, s.n_dev
@@ -403,71 +502,24 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
         for (j, i), b in s.edge_bytes.items():
             xfer[(j, i)] = {(a, bb): q(s.transfer(b, a, bb)) for a in range(nd) for bb in range(nd) if a != bb}
         horizon += int(sum(max(v.values()) for v in xfer.values()))
-    m = cp_model.CpModel()
-    start = [m.NewIntVar(0, horizon, f"s{i}") for i in range(n)]
-    end = [m.NewIntVar(0, horizon, f"e{i}") for i in range(n)]
-    lits: list[list[Any]] = []
-    on_dev: list[list[Any]] = []
-    per_dev: list[tuple[list[Any], list[int]]] = [([], []) for _ in range(nd)]
-    occ_terms: list[list[tuple[Any, int]]] = [[] for _ in range(nd)]
-    for i in range(n):
-        ls = [m.NewBoolVar(f"m{i}_{k}") for k in range(len(modes[i]))]
-        m.AddExactlyOne(ls)
-        lits.append(ls)
-        for k, a in enumerate(modes[i]):
-            iv = m.NewOptionalIntervalVar(start[i], dur[i][k], end[i], ls[k], f"iv{i}_{k}")
-            per_dev[a.device][0].append(iv)
-            per_dev[a.device][1].append(a.threads)
-            if s.occupancy is not None and s.gpus[a.device]:
-                w = int(math.floor(s.occupancy[i][a.device] * 1000.0)) * dur[i][k]
-                if w > 0:
-                    occ_terms[a.device].append((ls[k], w))
-        devs = []
-        for d in range(nd):
-            mine = [ls[k] for k, a in enumerate(modes[i]) if a.device == d]
-            if not mine:
-                devs.append(None)
-            elif len(mine) == 1:
-                devs.append(mine[0])
-            else:
-                v = m.NewBoolVar(f"d{i}_{d}")
-                m.Add(sum(mine) == v)
-                devs.append(v)
-        on_dev.append(devs)
-    for d in range(nd):
-        ivs, demands = per_dev[d]
-        if ivs:
-            m.AddCumulative(ivs, demands, s.caps[d])
-    span = m.NewIntVar(0, horizon, "makespan")
-    for d in range(nd):
-        if occ_terms[d]:
-            m.Add(sum(w * lit for lit, w in occ_terms[d]) <= 1000 * span)
-    for j, i in edges:
-        m.Add(start[i] >= end[j])
-        for (a, b), c in xfer.get((j, i), {}).items():
-            if c > 0 and on_dev[j][a] is not None and on_dev[i][b] is not None:
-                m.Add(start[i] >= end[j] + c).OnlyEnforceIf([on_dev[j][a], on_dev[i][b]])
-    for i in range(n):
-        if not s.succs[i]:
-            m.Add(span >= end[i])
-    if lower_bound > 0:
-        m.Add(span >= min(horizon, int(math.floor(lower_bound / unit))))
-    m.Minimize(span)
-    if hint is not None:
-        _add_hint(m, s, hint, modes, lits, start, end, unit)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit_s)
-    solver.parameters.num_workers = int(workers)
-    solver.parameters.random_seed = int(seed)
-    status = solver.Solve(m)
-    name = solver.StatusName(status)
-    bound = max(old, float(solver.BestObjectiveBound()) * unit) if status in (
-        cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN) else old
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    problem: dict[str, Any] = {
+        "n": n, "nd": nd, "horizon": horizon, "caps": [int(c) for c in s.caps],
+        "modes": [[[int(a.device), int(a.threads), int(dur[i][k])] for k, a in enumerate(ms)] for i, ms in enumerate(modes)],
+        "occupancy": [[int(math.floor(s.occupancy[i][a.device] * 1000.0)) * dur[i][k]
+                       if s.occupancy is not None and s.gpus[a.device] else 0 for k, a in enumerate(ms)]
+                      for i, ms in enumerate(modes)],
+        "edges": [[int(j), int(i)] for j, i in edges],
+        "xfer": [[int(j), int(i), int(a), int(b), int(c)] for (j, i), v in xfer.items() for (a, b), c in v.items() if c > 0],
+        "sinks": [i for i in range(n) if not s.succs[i]],
+        "lower": min(horizon, int(math.floor(lower_bound / unit))) if lower_bound > 0 else 0,
+        "hint": _hint(s, hint, modes, unit) if hint is not None else None,
+    }
+    res = solve_isolated(problem, time_limit_s, workers, seed)
+    name = res["status"]
+    bound = max(old, float(res["bound"]) * unit) if name in ("OPTIMAL", "FEASIBLE", "UNKNOWN") else old
+    if name not in ("OPTIMAL", "FEASIBLE"):
         return CpSatResult(None, float("inf"), float("inf"), bound, False, name, time.perf_counter() - t0, unit)
-    chosen = [next(k for k, lit in enumerate(lits[i]) if solver.Value(lit)) for i in range(n)]
-    st = [solver.Value(start[i]) for i in range(n)]
-    en = [solver.Value(end[i]) for i in range(n)]
+    chosen, st, en = res["mode"], res["start"], res["end"]
     plans = incumbent_plans(graph, machine, s, [modes[i][chosen[i]] for i in range(n)], st, en)
     spans = {}
     for key, plan in plans.items():
@@ -477,29 +529,26 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
             spans[key] = float("inf")
     best = min(spans, key=spans.get)
     plan = Plan(plans[best].assignments, plans[best].graph_fingerprint, plans[best].machine_fingerprint, "cpsat",
-                {"cp_status": name, "cp_makespan_s": solver.ObjectiveValue() * unit, "lower_bound_s": bound,
+                {"cp_status": name, "cp_makespan_s": float(res["objective"]) * unit, "lower_bound_s": bound,
                  "replay": best, "replays": spans, "time_limit_s": time_limit_s})
-    return CpSatResult(plan, spans[best], float(solver.ObjectiveValue()) * unit, bound,
-                       status == cp_model.OPTIMAL, name, time.perf_counter() - t0, unit,
+    return CpSatResult(plan, spans[best], float(res["objective"]) * unit, bound,
+                       name == "OPTIMAL", name, time.perf_counter() - t0, unit,
                        {"modes": int(sum(len(x) for x in modes)), "replays": spans})
 
 
-def _add_hint(m: Any, s: SimStatic, hint: Plan, modes: list[list[Allocation]], lits: list[list[Any]],
-              start: list[Any], end: list[Any], unit: float) -> None:
-    """Seed CP-SAT with ``hint``'s simulated schedule (ops whose allocation is no mode are left out)."""
+def _hint(s: SimStatic, hint: Plan, modes: list[list[Allocation]], unit: float) -> list[list[int]] | None:
+    """``hint``'s simulated schedule as ``[op, mode, start]`` triples (ops whose allocation is no mode left out)."""
     try:
         st, _ = replay(s, hint)
     except (ExecutionError, PlanError):
-        return
+        return None
+    out = []
     for i in range(s.n):
         k = next((k for k, a in enumerate(modes[i]) if a.device == st.device[i] and a.threads == st.threads[i]),
                  None)
-        if k is None:
-            continue
-        t = int(math.floor(st.start_time[i] / unit))
-        for kk, lit in enumerate(lits[i]):
-            m.AddHint(lit, kk == k)
-        m.AddHint(start[i], t)
+        if k is not None:
+            out.append([i, k, int(math.floor(st.start_time[i] / unit))])
+    return out
 
 
 def incumbent_plans(graph: OpGraph, machine: Machine, s: SimStatic, chosen: Sequence[Allocation],
@@ -515,7 +564,7 @@ def incumbent_plans(graph: OpGraph, machine: Machine, s: SimStatic, chosen: Sequ
     for r, i in enumerate(order):
         prio[i] = float(n - r)
     ids = s.op_ids
-    gfp, mfp = cached_fingerprint(graph), cached_fingerprint(machine)
+    gfp, mfp = cached_fingerprint(graph), plan_fingerprint(machine)
     base = {ids[i]: Assignment(s.dev_ids[chosen[i].device], chosen[i].threads, prio[i]) for i in range(n)}
     out = {"order": Plan(base, gfp, mfp, "cpsat")}
     preds = [set(p) for p in s.preds]

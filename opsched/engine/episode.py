@@ -27,7 +27,7 @@ import numpy as np
 
 from opsched.engine.layout import MAX_LEVELS, PER_SLOT
 from opsched.engine.observe import EpisodeData, Observer
-from opsched.engine.sim import SimState, cached_fingerprint
+from opsched.engine.sim import SimState, cached_fingerprint, plan_fingerprint
 from opsched.plan import Assignment, Plan
 
 #: A chooser sees the episode and its valid actions in factored form (ready op
@@ -115,7 +115,7 @@ class Episode:
                                 () if dep is None else (ids[dep],))
         co = data.coarsening
         assignments = dict(zip(ids, asg, strict=True)) if co.identity else co.expand(asg)
-        return Plan(assignments, cached_fingerprint(data.graph), cached_fingerprint(data.machine), policy,
+        return Plan(assignments, cached_fingerprint(data.graph), plan_fingerprint(data.machine), policy,
                     {"coarsened": not co.identity, **meta})
 
 

@@ -198,13 +198,13 @@ class Profile:
 
 def cache_path(graph: OpGraph, machine: Machine, cache_dir: str | Path | None = None) -> Path:
     """Where the profile of ``graph`` on ``machine`` is cached (default: the per-user cache's ``profiles/``)."""
-    return profiles_dir(cache_dir) / f"{graph.fingerprint()}_{machine.fingerprint()}.json"
+    return profiles_dir(cache_dir) / f"{graph.fingerprint()}_{machine.hardware_fingerprint()}.json"
 
 
 def load_profiles(machine: Machine | None = None, cache_dir: str | Path | None = None) -> list[Profile]:
     """Every readable cached profile (of ``machine`` when given); unreadable ones are skipped with a warning."""
     out = []
-    suffix = f"_{machine.fingerprint()}.json" if machine is not None else ".json"
+    suffix = f"_{machine.hardware_fingerprint()}.json" if machine is not None else ".json"
     for p in sorted(profiles_dir(cache_dir).glob(f"*{suffix}")):
         try:
             out.append(Profile.load(p))

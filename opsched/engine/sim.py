@@ -143,6 +143,25 @@ def cached_fingerprint(obj: OpGraph | Machine) -> str:
     return fp
 
 
+def plan_fingerprint(machine: Machine) -> str:
+    """The machine fingerprint plans record and are checked against (its hardware, without the
+    load: :meth:`opsched.machine.Machine.hardware_fingerprint`), cached like :func:`cached_fingerprint`."""
+    return cached_fingerprint(machine) if not machine.loaded else cached_fingerprint(_at_rest(machine))
+
+
+_AT_REST: dict[int, tuple[Any, Machine]] = {}
+
+
+def _at_rest(machine: Machine) -> Machine:
+    hit = _AT_REST.get(id(machine))
+    if hit is not None and hit[0]() is machine:
+        return hit[1]
+    rest = machine.at_rest()
+    _AT_REST[id(machine)] = (weakref.ref(machine), rest)
+    weakref.finalize(machine, _AT_REST.pop, id(machine), None)
+    return rest
+
+
 class SimStatic:
     """Everything about one (graph, machine, model) the event loop needs, as lists.
 
@@ -866,9 +885,9 @@ class Simulator:
         if plan.graph_fingerprint and plan.graph_fingerprint != cached_fingerprint(graph):
             raise PlanError(f"{where}: made for a different graph (fingerprint {plan.graph_fingerprint}, "
                             f"this graph is {cached_fingerprint(graph)})")
-        if plan.machine_fingerprint and plan.machine_fingerprint != cached_fingerprint(self.machine):
+        if plan.machine_fingerprint and plan.machine_fingerprint != plan_fingerprint(self.machine):
             raise PlanError(f"{where}: made for a different machine (fingerprint {plan.machine_fingerprint}, "
-                            f"machine {self.machine.name!r} is {cached_fingerprint(self.machine)})")
+                            f"machine {self.machine.name!r} is {plan_fingerprint(self.machine)})")
         plan.validate(graph, self.machine, check_fingerprints=False)
 
     def run(self, graph: OpGraph, plan: Plan, inputs: object = None, seed: int | None = None) -> Trace:

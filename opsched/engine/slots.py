@@ -108,12 +108,12 @@ def makespan(data: Any, sp: SlotPlan) -> float:
 
 def to_plan(data: Any, sp: SlotPlan, policy: str, meta: dict[str, Any] | None = None) -> Plan:
     """``sp`` as a Plan for the original graph (a coarse group's decision expanded to its members)."""
-    from opsched.engine.sim import cached_fingerprint
+    from opsched.engine.sim import cached_fingerprint, plan_fingerprint
 
     asg = _assignments(data, sp)
     co = data.coarsening
     assignments = dict(zip(data.static.op_ids, asg, strict=True)) if co.identity else co.expand(asg)
-    return Plan(assignments, cached_fingerprint(data.graph), cached_fingerprint(data.machine), policy,
+    return Plan(assignments, cached_fingerprint(data.graph), plan_fingerprint(data.machine), policy,
                 {"coarsened": not co.identity, **(meta or {})})
 
 

@@ -26,13 +26,13 @@ GPU_TIMER = "cuda-events"
 def gpu_cache_path(graph: OpGraph, machine: Machine, device: str = "gpu:0",
                    cache_dir: str | Path | None = None) -> Path:
     """Where the GPU profile of ``graph`` on ``machine``'s ``device`` is cached."""
-    return profiles_dir(cache_dir) / f"{graph.fingerprint()}_{machine.fingerprint()}_{device.replace(':', '')}.json"
+    return profiles_dir(cache_dir) / f"{graph.fingerprint()}_{machine.hardware_fingerprint()}_{device.replace(':', '')}.json"
 
 
 def load_gpu_profiles(machine: Machine, cache_dir: str | Path | None = None) -> list[Profile]:
     """Every readable cached GPU profile of ``machine`` (unreadable ones skipped with a warning)."""
     out = []
-    for p in sorted(profiles_dir(cache_dir).glob(f"*_{machine.fingerprint()}_gpu*.json")):
+    for p in sorted(profiles_dir(cache_dir).glob(f"*_{machine.hardware_fingerprint()}_gpu*.json")):
         try:
             prof = Profile.load(p)
         except ProfileError as exc:
