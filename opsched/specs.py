@@ -62,7 +62,7 @@ from opsched.errors import GraphError, ModelImportError
 from opsched.graph import OpGraph
 from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
-SPEC_KINDS = ("zoo:NAME[@BxW], keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
+SPEC_KINDS = ("zoo:NAME[@BxW], train:zoo:NAME[@BxW][:sgd|:adam|:adamw] (its training step), keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
               "a .json graph file, path/to/model.onnx, or path/to/module.py:factory")
 
 
@@ -334,6 +334,8 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
     if not isinstance(spec, str) or not spec.strip():
         raise GraphError(f"empty graph spec; {_available()}")
     spec = spec.strip()
+    if spec.startswith("train:"):
+        return _training_graph(spec, batch, width, seed, cache_dir)
     if spec.startswith("synthetic:"):
         family, *parts = spec[len("synthetic:"):].split(":")
         opts = _parse_options(parts, spec)
@@ -369,6 +371,36 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
             or _split_py(spec) is not None):
         return import_graph(load_model(spec, batch, width, seed))
     raise GraphError(f"unknown graph spec {spec!r}; {_available()}")
+
+
+TRAIN_OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: str | Path | None) -> OpGraph:
+    """``train:MODEL[:OPTIMIZER]``: the training step of a zoo or ``.py`` model (forward, loss,
+    backward, the optimizer's update; :func:`opsched.training.load_training`) as one graph, cached
+    as JSON under ``cache_dir`` like the zoo's (then simulation only)."""
+    body = spec[len("train:"):]
+    head, _, last = body.rpartition(":")
+    optimizer = "sgd"
+    if last in TRAIN_OPTIMIZERS and head:
+        body, optimizer = head, last
+    path = None
+    if cache_dir is not None:
+        ident = f"{body}|{optimizer}|{batch}x{width}:{seed}"
+        key = hashlib.sha256(f"train|{ident}|{_importer_hash()}".encode()).hexdigest()[:20]
+        path = Path(cache_dir) / f"train_{key}.json"
+        if path.is_file():
+            return OpGraph.load(path)
+    from opsched.importers.torch_step import capture_step
+    from opsched.training import load_training
+
+    net, x, y = load_training(body, batch, width, seed, optimizer=optimizer)
+    graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:{body}")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        graph.save(path)
+    return graph
 
 
 def load_onnx_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,

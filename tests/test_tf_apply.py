@@ -153,7 +153,7 @@ def test_apply_backend_mismatch_is_a_clear_error(spec):
     res = runner.invoke(app, ["apply", "--backend", "tf", "--model", "zoo:inception", "--width", "0.25"])
     assert res.exit_code != 0 and "backend tf runs Keras models" in str(res.exception)
     res = runner.invoke(app, ["apply", "--backend", "jax", "--model", spec])
-    assert res.exit_code != 0 and "unknown backend 'jax'; choose from auto, torch-cpu, tf" in str(res.exception)
+    assert res.exit_code != 0 and "unknown backend 'jax'; choose from auto, torch-cpu, torch-cuda, tf, ort" in str(res.exception)
 
 
 # ---------------------------------------------------------------- env real mode

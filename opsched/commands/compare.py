@@ -436,6 +436,10 @@ def compare_cmd(
                                     "'/ tight bound' (0: off; needs OR-Tools)."),
     gantt: str = typer.Option("best", "--gantt", help="Gantt charts: best (per graph the fastest plan and "
                               "sequential), all, or none."),
+    mode: str = typer.Option("infer", "--mode", help="infer (the networks' inference graphs) or train (their "
+                             "training steps: forward, loss, backward and the optimizer update as one graph; "
+                             "the same as naming them train:SPEC)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="Train mode: sgd, adam or adamw."),
     perf_model: str = typer.Option("auto", "--perf-model",
                                    help="Planning model: auto (this machine's profiles plus the runtime model on "
                                         "real backends, analytic on sim), analytic, or fitted."),
@@ -446,6 +450,11 @@ def compare_cmd(
     specs = list(dict.fromkeys(g.strip() for g in model.split(",") if g.strip()))
     if not specs:
         raise OpschedError("compare: --model names no graph")
+    if mode not in ("infer", "train"):
+        raise OpschedError(f"compare: --mode must be infer or train, got {mode!r}")
+    if mode == "train":
+        suffix = "" if optimizer == "sgd" else f":{optimizer}"
+        specs = [s if s.startswith("train:") else f"train:{s}{suffix}" for s in specs]
     run_compare(specs, machine, backend, policies, batch=batch, width=width, repeats=repeats, warmup=warmup,
                 out=out, seed=seed, noise=noise, search_trials=search_trials, gantt=gantt, perf_model=perf_model,
                 command=command_line(params), progress=want_progress(progress), console=console_for(),

@@ -476,10 +476,7 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
     by the ends (a real schedule maps to a point with makespan = its own).  ``workers``: CP-SAT's
     search threads (1 by default: a deterministic run).  Graphs of more than
     ``max_ops`` ops raise :class:`~opsched.errors.OpschedError`."""
-    import importlib.util
-
-    if importlib.util.find_spec("ortools") is None:  # a clear error here, not in the solver process
-        require_ortools()
+    require_ortools()  # a clear error here, not in the solver process (importing it next to TF is safe)
     t0 = time.perf_counter()
     s = prepare(graph, machine, model)
     n, nd = s.n, s.n_dev
