@@ -107,17 +107,17 @@ def make_storage(storage: str | None, out: str | Path, heartbeat: int = 0, max_r
         beat = dict(heartbeat_interval=int(heartbeat), grace_period=2 * int(heartbeat),
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry))
     # Workers started together race to create the schema of a new database; the
-    # loser sees "table ... already exists" or a UNIQUE violation on the schema
-    # version row.  By then the schema is there, so connecting again succeeds.
+    # loser's create fails (a duplicate table or a UNIQUE violation on the schema
+    # version row).  By then the schema is there - which is what is checked, not
+    # the error's wording - so connecting again succeeds.
     import sqlalchemy.exc
 
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError) as exc:
-            race = "already exists" in str(exc) or "alembic_version" in str(exc)
-            if not race or attempt == 4:
-                raise
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
+            if not _schema_exists(url, kwargs) or attempt == 4:
+                raise  # not the creation race: the schema is not there, so retrying cannot help
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -131,6 +131,20 @@ def _postgres_driver(url: str) -> str:
     if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
         return "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
+
+
+def _schema_exists(url: str, engine_kwargs: dict[str, Any]) -> bool:
+    """Whether the database at ``url`` already holds Optuna's schema (its version table)."""
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url, **engine_kwargs)
+        try:
+            return "alembic_version" in sqlalchemy.inspect(engine).get_table_names()
+        finally:
+            engine.dispose()
+    except sqlalchemy.exc.SQLAlchemyError:
+        return False
 
 
 def open_study(cfg: TuneConfig) -> Any:
