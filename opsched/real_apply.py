@@ -113,7 +113,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
               save_plan: Path | None = None, perf_model: str = "auto",
               on_call: Callable[[int, int], None] | None = None, runtime: Any = None,
               measure: int | None = None, mode: str = "infer", optimizer: str = "sgd",
-              lr: float | None = None) -> ApplyResult:
+              lr: float | None = None, memory_limit: float | None = None) -> ApplyResult:
     """Everything ``opsched apply`` does, returning the figures (see the module docstring).
 
     ``runtime``: an open backend to reuse (its machine is the one planned for);
@@ -166,7 +166,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     for key, p, plan in (("critical-path-first", "critical-path-first", None), ("policy", pol, saved)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleFallbackWarning)
-            sm = schedule(prepared, p, plan=plan, measure=top if key == "policy" else 0)
+            sm = schedule(prepared, p, plan=plan, measure=top if key == "policy" else 0, memory_limit=memory_limit)
         if sm.fallback is not None:
             fallbacks[key] = sm.fallback.detail or "; ".join(str(w.message) for w in caught)
             reasons[key] = sm.fallback.reason.value

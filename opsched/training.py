@@ -36,7 +36,8 @@ from opsched.policies.base import Policy
 
 def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, optimizer: Any, example_x: Any,
                example_y: Any, *, backend: str | Backend = "auto", machine: Machine | str | None = None,
-               perf_model: PerfModel | str = "auto", verify: bool = True, measure: int = DEFAULT_TOP) -> Any:
+               perf_model: PerfModel | str = "auto", verify: bool = True, measure: int = DEFAULT_TOP,
+               memory_limit: float | None = None) -> Any:
     """Capture, plan, time, check and return the training step (see the module docstring).
 
     ``example_x`` is a tensor or a tuple of tensors (the module's positional
@@ -48,7 +49,7 @@ def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, op
 
     net = TrainingNetwork(module, loss_fn, optimizer)
     return apply(policy, net, (example_x, example_y), backend=backend, machine=machine, perf_model=perf_model,
-                 verify=verify, measure=measure)
+                 verify=verify, measure=measure, memory_limit=memory_limit)
 
 
 

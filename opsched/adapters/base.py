@@ -44,6 +44,7 @@ class FallbackReason(str, Enum):
     IMPORT = "import"                  # the network cannot be imported (traced, exported, parsed)
     EXPORT_DIFFERS = "export-differs"  # the exported ONNX model's outputs differ from the module's
     PLAN = "plan"                      # the policy cannot plan this graph
+    MEMORY = "memory"                  # no plan keeps the activations under the memory cap
     RUN_FAILED = "run-failed"          # the scheduled run raised
     OUTPUTS_DIFFER = "outputs-differ"  # the scheduled run's outputs differ from the reference
     INPUTS_DIFFER = "inputs-differ"    # a call's inputs differ from the planned ones

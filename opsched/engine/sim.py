@@ -309,6 +309,8 @@ class SimState:
         self.cores: list[tuple[int, ...] | None] = [None] * n
         self.free = list(s.caps)
         self.mem_bytes = [0.0] * nd
+        #: per device, the most bytes of live outputs at any instant (co-running keeps more alive)
+        self.peak_bytes = [0.0] * nd
         self.n_done = 0
         self.newly_ready: list[int] = []
         self._slots = [list(range(c)) for c in s.caps]
@@ -469,6 +471,8 @@ class SimState:
         del slots[:k]
         mem = self.mem_bytes
         mem[d] += s.out_bytes[i]
+        if mem[d] > self.peak_bytes[d]:
+            self.peak_bytes[d] = mem[d]
         arrive = now
         device = self.device
         for p in s.preds[i]:
@@ -761,6 +765,7 @@ class SimState:
             events.append(TraceEvent(ids[i], start, end, s.dev_ids[d], self.threads[i], self.cores[i], lane))
         if waits:
             meta["transfer_wait"] = waits
+        meta["peak_bytes"] = {s.dev_ids[d]: float(b) for d, b in enumerate(self.peak_bytes) if b > 0}
         if self._handoff:
             meta["handoff_wait"] = handoffs
             meta["wake_end_s"] = self.wake_end
@@ -905,6 +910,11 @@ class Simulator:
     def makespan(self, graph: OpGraph, plan: Plan) -> float:
         """Seconds ``plan`` takes on this machine under the model."""
         return float(self.run(graph, plan).makespan)
+
+    def peak_bytes(self, graph: OpGraph, plan: Plan, device: str = "cpu") -> float:
+        """The most bytes of op outputs ``plan`` keeps alive at once on ``device`` (the activations
+        a co-running schedule holds that a sequential one would have freed; weights not counted)."""
+        return float(self.run(graph, plan).meta.get("peak_bytes", {}).get(device, 0.0))
 
 
 # ----------------------------------------------------------- lower bound
