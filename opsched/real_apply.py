@@ -138,7 +138,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     pol = resolve_policy(policy) if saved is None else None  # a broken policy file: an error now, not after an import
     graph = None
     if mode == "train":
-        from opsched.training import load_training
+        from opsched.specs import load_training
 
         net, x, y = load_training(model_spec, batch, width, optimizer=optimizer, lr=lr)
         first = x[0] if isinstance(x, (tuple, list)) else x

@@ -54,11 +54,12 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opsched.errors import GraphError, ModelImportError
+from opsched.errors import GraphError, ModelImportError, OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
@@ -294,6 +295,68 @@ def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> 
     raise ModelImportError(f"model spec {spec!r} is not a torch model or a Keras model; {_available()}")
 
 
+# ------------------------------------------------------------ training steps
+@dataclass
+class TrainingNetwork:
+    """What a training step is made of: the module, the loss and the optimizer."""
+
+    module: Any  # torch.nn.Module
+    loss_fn: Callable[[Any, Any], Any]
+    optimizer: Any  # torch.optim.Optimizer
+
+
+def make_optimizer(kind: str, module: Any, lr: float | None = None) -> Any:
+    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
+    ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
+    import torch
+
+    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+             "adam": (torch.optim.Adam, {"lr": 1e-3}),
+             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
+    if kind not in kinds:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
+    cls, kw = kinds[kind]
+    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
+
+
+def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
+                  lr: float | None = None) -> tuple[Any, Any, Any]:
+    """A training step a spec names: ``(TrainingNetwork, example_x, example_y)``.
+
+    ``zoo:NAME[@BxW]``: the zoo model in train mode with its default loss and
+    random targets (:func:`opsched.zoo.training.build_train`; BatchNorm models
+    need batch >= 2).  ``path/to/module.py:factory``: ``factory(batch)``
+    returns ``(module, example_x, example_y, loss_fn)``.  ``optimizer``:
+    ``sgd``, ``adam`` or ``adamw`` (:func:`opsched.adapters.train.make_optimizer`)."""
+    from opsched.errors import ModelImportError
+    from opsched.zoo import ZOO
+    from opsched.zoo.training import build_train
+
+    spec = spec.strip()
+    if spec.startswith("zoo:") or spec in ZOO:
+        name, b, w = _zoo_size(spec if spec.startswith("zoo:") else f"zoo:{spec}", batch, width)
+        ex = build_train(name, b, w, seed)
+        module, x, y, loss_fn = ex.module, ex.inputs, ex.targets, ex.loss_fn
+    else:
+        py = _split_py(spec)
+        if py is None:
+            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model or a module.py:factory; "
+                                   "Keras and ONNX training steps are not scheduled (see the README)")
+        fn = _load_py_factory(*py)
+        try:
+            result = fn(batch)
+        except Exception as exc:
+            raise ModelImportError(f"{spec}(batch={batch}) raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(result, tuple) and len(result) == 4 and callable(result[3])):
+            raise ModelImportError(f"{spec}: in train mode factory(batch) must return (module, example_x, example_y, "
+                                   f"loss_fn), got {type(result).__name__}"
+                                   + (f" of {len(result)}" if isinstance(result, tuple) else ""))
+        module, x, y, loss_fn = result
+        module.train()
+    return TrainingNetwork(module, loss_fn, make_optimizer(optimizer, module, lr)), x, y
+
+
+
 def load_torch_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
     """The torch module (eval mode) and example inputs of a zoo or ``.py`` spec."""
     loaded = load_model(spec, batch, width, seed)
@@ -393,8 +456,6 @@ def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: s
         if path.is_file():
             return OpGraph.load(path)
     from opsched.importers.torch_step import capture_step
-    from opsched.training import load_training
-
     net, x, y = load_training(body, batch, width, seed, optimizer=optimizer)
     graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:{body}")
     if path is not None:
@@ -463,5 +524,5 @@ def _importer_hash() -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "import_graph", "load_graph", "load_machine",
+__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "TrainingNetwork", "load_training", "make_optimizer", "import_graph", "load_graph", "load_machine",
            "load_model", "load_onnx_graph", "load_torch_model", "onnx_export_key", "onnx_graph_of"]

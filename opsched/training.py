@@ -44,8 +44,8 @@ def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, op
     inputs); ``example_y`` what ``loss_fn(module(*x), y)`` takes.  Other
     arguments as :func:`opsched.apply`.  Never raises for a step it cannot
     schedule: the result then runs the eager step (``.fallback`` says why)."""
-    from opsched.adapters.train import TrainingNetwork
     from opsched.scheduled import apply
+    from opsched.specs import TrainingNetwork
 
     net = TrainingNetwork(module, loss_fn, optimizer)
     return apply(policy, net, (example_x, example_y), backend=backend, machine=machine, perf_model=perf_model,
@@ -54,43 +54,6 @@ def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, op
 
 
 
-def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
-                  lr: float | None = None) -> tuple[Any, Any, Any]:
-    """A training step a spec names: ``(TrainingNetwork, example_x, example_y)``.
-
-    ``zoo:NAME[@BxW]``: the zoo model in train mode with its default loss and
-    random targets (:func:`opsched.zoo.training.build_train`; BatchNorm models
-    need batch >= 2).  ``path/to/module.py:factory``: ``factory(batch)``
-    returns ``(module, example_x, example_y, loss_fn)``.  ``optimizer``:
-    ``sgd``, ``adam`` or ``adamw`` (:func:`opsched.adapters.train.make_optimizer`)."""
-    from opsched.adapters.train import TrainingNetwork, make_optimizer
-    from opsched.errors import ModelImportError
-    from opsched.specs import _load_py_factory, _split_py, _zoo_size
-    from opsched.zoo import ZOO
-    from opsched.zoo.training import build_train
-
-    spec = spec.strip()
-    if spec.startswith("zoo:") or spec in ZOO:
-        name, b, w = _zoo_size(spec if spec.startswith("zoo:") else f"zoo:{spec}", batch, width)
-        ex = build_train(name, b, w, seed)
-        module, x, y, loss_fn = ex.module, ex.inputs, ex.targets, ex.loss_fn
-    else:
-        py = _split_py(spec)
-        if py is None:
-            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model or a module.py:factory; "
-                                   "Keras and ONNX training steps are not scheduled (see the README)")
-        fn = _load_py_factory(*py)
-        try:
-            result = fn(batch)
-        except Exception as exc:
-            raise ModelImportError(f"{spec}(batch={batch}) raised {type(exc).__name__}: {exc}") from exc
-        if not (isinstance(result, tuple) and len(result) == 4 and callable(result[3])):
-            raise ModelImportError(f"{spec}: in train mode factory(batch) must return (module, example_x, example_y, "
-                                   f"loss_fn), got {type(result).__name__}"
-                                   + (f" of {len(result)}" if isinstance(result, tuple) else ""))
-        module, x, y, loss_fn = result
-        module.train()
-    return TrainingNetwork(module, loss_fn, make_optimizer(optimizer, module, lr)), x, y
-
+from opsched.specs import load_training  # noqa: E402,F401 (re-exported)
 
 __all__ = ["load_training", "train_step"]

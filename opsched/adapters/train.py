@@ -22,17 +22,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from opsched.adapters.base import Adapter, Config, Fallback, FallbackReason, Scheduled
-from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
+from opsched.specs import TrainingNetwork, make_optimizer  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from opsched.engine.contracts import Backend
@@ -42,15 +41,6 @@ if TYPE_CHECKING:
 #: elementwise; optimizer state relative to each tensor's largest entry (eager itself moves
 #: momentum buffers by ~1e-4 of their scale between 1 and 2 intra-op threads).
 STEP_RTOL, STEP_ATOL, STATE_REL = 1e-4, 1e-5, 1e-3
-
-
-@dataclass
-class TrainingNetwork:
-    """What a training step is made of: the module, the loss and the optimizer."""
-
-    module: nn.Module
-    loss_fn: Callable[[Any, Any], torch.Tensor]
-    optimizer: torch.optim.Optimizer
 
 
 def clone_training(net: TrainingNetwork) -> TrainingNetwork:
@@ -247,18 +237,6 @@ def _eager_timer(net: TrainingNetwork, xy: Sequence[Any], threads: int | None) -
                 torch.set_num_threads(before)
 
     return once
-
-
-def make_optimizer(kind: str, module: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
-    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
-    ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
-    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
-             "adam": (torch.optim.Adam, {"lr": 1e-3}),
-             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
-    if kind not in kinds:
-        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
-    cls, kw = kinds[kind]
-    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
 
 
 __all__ = ["STEP_ATOL", "STEP_RTOL", "TrainStep", "TrainStepAdapter", "TrainingNetwork", "clone_training",

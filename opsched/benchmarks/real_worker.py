@@ -212,7 +212,7 @@ def build_train_step(args: argparse.Namespace) -> tuple[dict[str, Callable[[], A
     import torch
 
     from opsched.adapters.train import TrainingNetwork, eager_step
-    from opsched.training import load_training
+    from opsched.specs import load_training
 
     info: dict[str, Any] = {}
     if args.kind == "train-eager-1t":

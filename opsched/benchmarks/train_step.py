@@ -57,7 +57,7 @@ def lower_bound(model: str, batch: int, width: float, optimizer: str) -> dict[st
     from opsched.backends.profiler import profile_graph
     from opsched.importers.torch_step import capture_step
     from opsched.machine import Machine
-    from opsched.training import load_training
+    from opsched.specs import load_training
 
     net, x, y = load_training(f"zoo:{model}", batch, width, optimizer=optimizer)
     graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:zoo:{model}@{batch}x{width}")
