@@ -178,3 +178,25 @@ def test_the_machines_load_is_sampled_and_plans_stay_valid_on_the_idle_machine()
     plan = get_policy("critical-path-first").plan(g, loaded)
     plan.validate(g, idle)  # made under load, valid on the idle machine
     get_policy("critical-path-first").plan(g, idle).validate(g, loaded)
+
+
+def test_the_measured_choice_times_the_plan_against_eager_and_keeps_the_faster():
+    """With measuring on (the default), the kept plan is timed against eager's step here; if eager
+    is faster the eager step runs, saying so - either way the step trains as eager does."""
+    torch.manual_seed(3)
+    ours = Net().train()
+    ref = copy.deepcopy(ours)
+    opt = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, foreach=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScheduleFallbackWarning)
+        step = opsched.train_step(None, ours, F.cross_entropy, opt, *_data(0))
+    if step.scheduled:
+        assert step.meta_timing is not None and step.meta_timing["ratio"] < 1.0
+        assert step.plan.meta.get("measured"), "the candidates were timed"
+    else:
+        assert step.fallback.reason is FallbackReason.FRAMEWORK_FASTER, step.fallback
+        assert any("eager PyTorch ran this step" in str(w.message) for w in caught)
+    for i in range(3):
+        x, y = _data(i)
+        assert torch.allclose(step(x, y), _eager(ref, opt_ref, x, y), rtol=1e-4, atol=1e-5)

@@ -45,6 +45,7 @@ class FallbackReason(str, Enum):
     EXPORT_DIFFERS = "export-differs"  # the exported ONNX model's outputs differ from the module's
     PLAN = "plan"                      # the policy cannot plan this graph
     MEMORY = "memory"                  # no plan keeps the activations under the memory cap
+    FRAMEWORK_FASTER = "framework-faster"  # the framework's own run was faster here, timed against the plan
     RUN_FAILED = "run-failed"          # the scheduled run raised
     OUTPUTS_DIFFER = "outputs-differ"  # the scheduled run's outputs differ from the reference
     INPUTS_DIFFER = "inputs-differ"    # a call's inputs differ from the planned ones
@@ -246,6 +247,11 @@ class Adapter(ABC):
     def eager_description(self) -> str:
         """What runs when the model falls back, for warnings."""
         return self.label
+
+    def against_framework(self, scheduled: Scheduled) -> Fallback | None:
+        """After the measured choice: a reason to run the framework itself instead, when timing it
+        against the kept plan here says it is faster (None: keep the plan; default: not timed)."""
+        return None
 
     @abstractmethod
     def wrap(self, graph: OpGraph | None, plan: Plan | None, machine: Machine, policy: Policy | None,
