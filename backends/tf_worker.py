@@ -23,6 +23,10 @@ Requests:
   (RunMetadata step stats of the traced runs: ``[node, op type, start_ns,
   end_ns, device]``), ``misplaced`` and, if asked, the outputs as blobs;
 * ``{"cmd": "unload", "key"}``: drop a graph and its sessions;
+* training steps (a ``load`` with a ``"step"`` entry, then ``run`` with a
+  ``"state"``, ``state_set``, ``state_get``, ``state_drop``): see
+  :mod:`opsched.backends.tf_step_worker` - the step's variables live in the
+  worker and every run is one training step;
 * ``{"cmd": "quit"}``.
 
 The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and EOF on
@@ -86,7 +90,8 @@ def read_message(inp: BinaryIO) -> tuple[dict[str, Any], list[bytes]]:
 
 def array_to_bytes(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    a = np.asarray(a)
+    np.save(buf, np.ascontiguousarray(a).reshape(a.shape), allow_pickle=False)  # 0-d stays 0-d
     return buf.getvalue()
 
 
@@ -116,6 +121,9 @@ class _Worker:
         self.graphs: dict[str, tuple[Any, list[str], list[str], bool]] = {}
         # (graph key, placement, after) -> (session, callable); an evicted session is closed
         self.sessions = IdentityLRU(self.MAX_SESSIONS, on_evict=lambda _key, entry: entry[0].close())
+        from opsched.backends.tf_step_worker import StepGraphs
+
+        self.steps = StepGraphs(self)  # training steps: variables and state (opsched.backends.tf_step_worker)
 
     def hello(self) -> dict[str, Any]:
         return {"ok": True, "pid": os.getpid(), "tf_version": self.tf.__version__, "inter": self.inter,
@@ -140,6 +148,8 @@ class _Worker:
     def load(self, header: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         from tensorflow.core.framework import graph_pb2
 
+        if header.get("step") is not None:  # a training step: its variables live in this worker
+            return self.steps.load(header, blobs)
         gd = graph_pb2.GraphDef()
         gd.ParseFromString(blobs[0])
         self.graphs[header["key"]] = (gd, list(header["feeds"]), list(header["fetches"]),
@@ -148,9 +158,26 @@ class _Worker:
 
     def unload(self, key: str) -> dict[str, Any]:
         self.graphs.pop(key, None)
+        self.steps.unload(key)
         for skey in [k for k in self.sessions.keys() if k[0] == key]:
             self.sessions.pop(skey)  # closes it
         return {"ok": True}
+
+    def session_config(self, arithmetic: bool) -> Any:
+        """The ConfigProto of every session of this worker: its pool sizes and devices."""
+        tf = self.tf
+        from tensorflow.core.protobuf import rewriter_config_pb2
+
+        rewrite = rewriter_config_pb2.RewriterConfig()
+        if not arithmetic:
+            # Its rewrites move work across op boundaries (hoisting a Relu over a
+            # Concat, Add(x, x) -> Mul): step stats would no longer belong to the op named.
+            rewrite.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        return tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=self.inter, intra_op_parallelism_threads=self.intra,
+            device_count={"CPU": self.cpu_devices}, allow_soft_placement=True,
+            graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite),
+        )
 
     def _session(self, key: str, placement: dict[str, str], after: dict[str, list[str]]) -> tuple[Any, Any]:
         skey = (key, tuple(sorted(placement.items())), tuple(sorted((k, tuple(v)) for k, v in after.items())))
@@ -159,7 +186,6 @@ class _Worker:
             return hit
         tf = self.tf
         from tensorflow.core.framework import graph_pb2
-        from tensorflow.core.protobuf import rewriter_config_pb2
 
         base, feeds, fetches, arithmetic = self.graphs[key]
         gd = graph_pb2.GraphDef()
@@ -175,17 +201,7 @@ class _Worker:
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(gd, name="")
-        rewrite = rewriter_config_pb2.RewriterConfig()
-        if not arithmetic:
-            # Its rewrites move work across op boundaries (hoisting a Relu over a
-            # Concat, Add(x, x) -> Mul): step stats would no longer belong to the op named.
-            rewrite.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
-        config = tf.compat.v1.ConfigProto(
-            inter_op_parallelism_threads=self.inter, intra_op_parallelism_threads=self.intra,
-            device_count={"CPU": self.cpu_devices}, allow_soft_placement=True,
-            graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite),
-        )
-        sess = tf.compat.v1.Session(graph=graph, config=config)
+        sess = tf.compat.v1.Session(graph=graph, config=self.session_config(arithmetic))
         feed_t = [graph.get_tensor_by_name(n) for n in feeds]
         fetch_t = [graph.get_tensor_by_name(n) for n in fetches]
         fn = sess.make_callable(fetch_t, feed_list=feed_t, accept_options=True)
@@ -195,6 +211,8 @@ class _Worker:
     def run(self, header: dict[str, Any], blobs: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
         tf = self.tf
         key = header["key"]
+        if key in self.steps:
+            return self.steps.run(header, blobs)
         if key not in self.graphs:
             return {"ok": False, "error": f"graph {key!r} is not loaded in this worker"}, []
         placement = dict(header.get("placement", {}))
@@ -214,23 +232,32 @@ class _Worker:
             md = tf.compat.v1.RunMetadata()
             opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
             outputs = fn(*feeds, options=opts, run_metadata=md)
-            events = []
-            for dev in md.step_stats.dev_stats:
-                short = dev.device.rsplit("device:", 1)[-1]
-                for ns in dev.node_stats:
-                    start = ns.all_start_nanos or ns.all_start_micros * 1000
-                    end = start + (ns.op_end_rel_nanos or ns.op_end_rel_micros * 1000)
-                    label = ns.timeline_label
-                    op_type = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
-                    events.append([ns.node_name, op_type, int(start), int(end), short])
-                    want = placement.get(ns.node_name)
-                    if want is not None and not self.device_name(want).endswith(short):
-                        misplaced[ns.node_name] = short
+            events, wrong = self.step_events(md, placement)
+            misplaced.update(wrong)
             traces.append(events)
         if outputs is None:  # nothing ran: run once so outputs can be returned
             outputs = fn(*feeds)
         out_blobs = [array_to_bytes(np.asarray(o)) for o in outputs] if header.get("return_outputs") else []
         return {"ok": True, "wall_s": walls, "traces": traces, "misplaced": misplaced}, out_blobs
+
+
+    def step_events(self, md: Any, placement: dict[str, str], prefix: str = "") -> tuple[list[list[Any]], dict]:
+        """A traced run's step stats as ``[node, op type, start_ns, end_ns, device]`` (node names with
+        ``prefix`` removed; nodes outside it are kept as they are) and the nodes not where placed."""
+        events, misplaced = [], {}
+        for dev in md.step_stats.dev_stats:
+            short = dev.device.rsplit("device:", 1)[-1]
+            for ns in dev.node_stats:
+                start = ns.all_start_nanos or ns.all_start_micros * 1000
+                end = start + (ns.op_end_rel_nanos or ns.op_end_rel_micros * 1000)
+                label = ns.timeline_label
+                op_type = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
+                node = ns.node_name.removeprefix(prefix) if prefix else ns.node_name
+                events.append([node, op_type, int(start), int(end), short])
+                want = placement.get(node)
+                if want is not None and not self.device_name(want).endswith(short):
+                    misplaced[node] = short
+        return events, misplaced
 
 
 def _die_with_parent(parent: int) -> None:
@@ -284,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reply, out = worker.unload(str(header.get("key"))), []
             elif cmd == "run":
                 reply, out = worker.run(header, blobs)
+            elif cmd in ("state_set", "state_get", "state_drop"):
+                reply, out = worker.steps.handle(cmd, header, blobs)
             else:
                 reply, out = {"ok": False, "error": f"unknown command {cmd!r}"}, []
         except Exception as exc:  # noqa: BLE001 - the parent turns this into an ExecutionError

@@ -45,8 +45,14 @@ def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, op
     schedule: the result then runs the eager step (``.fallback`` says why)."""
     from opsched.adapters.train import TrainingNetwork
     from opsched.scheduled import apply
+    from opsched.specs import is_keras
 
-    net = TrainingNetwork(module, loss_fn, optimizer)
+    if is_keras(module):  # a Keras model: loss(y_true, y_pred) and a Keras optimizer (opsched.adapters.keras_train)
+        from opsched.adapters.keras_train import KerasTrainingNetwork
+
+        net: Any = KerasTrainingNetwork(module, loss_fn, optimizer)
+    else:
+        net = TrainingNetwork(module, loss_fn, optimizer)
     return apply(policy, net, (example_x, example_y), backend=backend, machine=machine, perf_model=perf_model,
                  verify=verify, measure=measure)
 
@@ -59,16 +65,26 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
 
     ``zoo:NAME[@BxW]``: the zoo model in train mode with its default loss and
     random targets (:func:`opsched.zoo.training.build_train`; BatchNorm models
-    need batch >= 2).  ``path/to/module.py:factory``: ``factory(batch)``
-    returns ``(module, example_x, example_y, loss_fn)``.  ``optimizer``:
-    ``sgd``, ``adam`` or ``adamw`` (:func:`opsched.adapters.train.make_optimizer`)."""
+    need batch >= 2).  ``keras:NAME[:side=N]``: the ``keras.applications``
+    model (``weights=None``) with sparse categorical cross-entropy on random
+    labels (:func:`opsched.adapters.keras_train.keras_application_step`).
+    ``path/to/module.py:factory``: ``factory(batch)`` returns ``(module,
+    example_x, example_y, loss_fn)`` - a torch module and ``loss_fn(out, y)``,
+    or a Keras model and a Keras loss ``loss_fn(y_true, y_pred)`` (then a
+    :class:`~opsched.adapters.keras_train.KerasTrainingNetwork`).  ``optimizer``:
+    ``sgd``, ``adam`` or ``adamw`` (:func:`opsched.adapters.train.make_optimizer`,
+    :func:`opsched.adapters.keras_train.make_keras_optimizer`)."""
     from opsched.adapters.train import TrainingNetwork, make_optimizer
     from opsched.errors import ModelImportError
-    from opsched.specs import _load_py_factory, _split_py, _zoo_size
+    from opsched.specs import _load_py_factory, _split_py, _zoo_size, is_keras
     from opsched.zoo import ZOO
     from opsched.zoo.training import build_train
 
     spec = spec.strip()
+    if spec.startswith("keras:"):  # a keras.applications model (opsched.adapters.keras_train)
+        from opsched.adapters.keras_train import keras_application_step
+
+        return keras_application_step(spec, batch, width, seed, optimizer, lr)
     if spec.startswith("zoo:") or spec in ZOO:
         name, b, w = _zoo_size(spec if spec.startswith("zoo:") else f"zoo:{spec}", batch, width)
         ex = build_train(name, b, w, seed)
@@ -76,8 +92,8 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
     else:
         py = _split_py(spec)
         if py is None:
-            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model or a module.py:factory; "
-                                   "Keras and ONNX training steps are not scheduled (see the README)")
+            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model, a keras: model or a "
+                                   "module.py:factory; ONNX training steps are not scheduled (see the README)")
         fn = _load_py_factory(*py)
         try:
             result = fn(batch)
@@ -88,6 +104,10 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
                                    f"loss_fn), got {type(result).__name__}"
                                    + (f" of {len(result)}" if isinstance(result, tuple) else ""))
         module, x, y, loss_fn = result
+        if is_keras(module):  # a Keras model: loss_fn(y_true, y_pred), a Keras optimizer
+            from opsched.adapters.keras_train import KerasTrainingNetwork, make_keras_optimizer
+
+            return KerasTrainingNetwork(module, loss_fn, make_keras_optimizer(optimizer, lr)), x, y
         module.train()
     return TrainingNetwork(module, loss_fn, make_optimizer(optimizer, module, lr)), x, y
 
