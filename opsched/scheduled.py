@@ -141,9 +141,9 @@ def resolve_backend(choice: str, framework: str, what: str = "the model") -> tup
         fits = [n for n in choices[1:] if framework in BACKENDS[n].frameworks()]
         kind = {"torch": "a PyTorch model", "keras": "a Keras model", "onnx": "an ONNX model",
                 "torch-train": "a PyTorch training step", "keras-train": "a Keras training step"}
-        runs = " and ".join({"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step",
-                             "keras-train": "Keras training step"}[f]
-                            for f in spec.frameworks())
+        runs = " and ".join(dict.fromkeys(  # a Keras training step is a Keras model's: "runs Keras models"
+            {"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step",
+             "keras-train": "Keras"}[f] for f in spec.frameworks()))
         raise OpschedError(f"backend {choice} runs {runs} models, but {what} is {kind[framework]}; use "
                            f"{' or '.join(fits)} (or auto)")
     return (choice,)
