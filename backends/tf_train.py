@@ -88,9 +88,24 @@ class PlanArgs:
     digest: str
 
     @staticmethod
-    def of(settings: Any, placement: Mapping[str, str] | None, after: Mapping[str, Sequence[str]] | None) -> PlanArgs:
+    def of(settings: Any, placement: Mapping[str, str] | None, after: Mapping[str, Sequence[str]] | None,
+           groups: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]] = ()) -> PlanArgs:
+        """From op-level placement and waits; ``groups`` (a coarsened step's, op id -> members, entries,
+        exits) turn them into node level: every member where its op is placed, an op's waits put on
+        its entry members and on the exits of the ops it waits for."""
         place = dict(placement or {})
         deps = {k: list(v) for k, v in (after or {}).items() if v}
+        if groups:
+            ends = {g: (entries, exits) for g, _, entries, exits in groups}
+            for g, members, _, _ in groups:
+                if g in place:
+                    place.update(dict.fromkeys(members, place[g]))
+            node_deps: dict[str, list[str]] = {}
+            for k, v in deps.items():
+                waits = sorted({x for d in v for x in (ends[d][1] if d in ends else (d,))})
+                for node in (ends[k][0] if k in ends else (k,)):
+                    node_deps[node] = sorted(set(node_deps.get(node, ())) | set(waits))
+            deps = node_deps
         blob = json.dumps([sorted(place.items()), sorted(deps.items())]).encode()
         return PlanArgs(settings, place, deps, hashlib.sha256(blob).hexdigest()[:24])
 
@@ -100,8 +115,8 @@ _ARGS = IdentityLRU(32)  # per plan: its PlanArgs (a plan is immutable)
 
 def plan_args(be: Any, graph: OpGraph, plan: Any) -> PlanArgs:
     """``be._plan_args(graph, plan)`` as :class:`PlanArgs`, kept per plan."""
-    return _ARGS.get_or_make((id(plan), id(graph), id(be)), lambda: PlanArgs.of(*be._plan_args(graph, plan)),
-                             plan, graph, be)
+    return _ARGS.get_or_make((id(plan), id(graph), id(be)),
+                             lambda: PlanArgs.of(*be._plan_args(graph, plan), graph.source.groups), plan, graph, be)
 
 
 def call(be: Any, graph: OpGraph, settings: Any, inputs: Sequence[np.ndarray] | None = None,
@@ -111,7 +126,7 @@ def call(be: Any, graph: OpGraph, settings: Any, inputs: Sequence[np.ndarray] | 
     """``TFBackend._call`` for a step graph: ``warmup + repeats + trace_runs`` steps (at least one)
     of ``state`` in the worker of ``settings``; the reply adds ``losses`` (one per step).  ``args``
     (a plan's :class:`PlanArgs`) replaces ``settings``, ``placement`` and ``after``."""
-    args = args or PlanArgs.of(settings, placement, after)
+    args = args or PlanArgs.of(settings, placement, after, graph.source.groups)
     w, key = _loaded(be, graph, args.settings)
     sent = w.__dict__.setdefault("step_copies_sent", set())  # (graph key, digest) pairs this worker knows
     header: dict[str, Any] = {"cmd": "run", "key": key, "state": state, "copy": args.digest, "warmup": warmup,
@@ -120,6 +135,10 @@ def call(be: Any, graph: OpGraph, settings: Any, inputs: Sequence[np.ndarray] | 
         header.update(placement=args.placement, after=args.after)
     reply, out = be._request(w, header, _feeds(graph, inputs, be.seed))
     sent.add((key, args.digest))
+    if graph.source.groups and (reply.get("traces") or reply.get("misplaced")):  # members -> their op
+        lead = {m: g for g, members, _, _ in graph.source.groups for m in members}
+        reply["traces"] = [[[lead.get(ev[0], ev[0]), *ev[1:]] for ev in tr] for tr in reply["traces"]]
+        reply["misplaced"] = {lead.get(k, k): v for k, v in reply.get("misplaced", {}).items()}
     reply["worker_pid"] = w.pid
     return reply, [bytes_to_array(b) for b in out]
 

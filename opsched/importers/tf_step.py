@@ -38,7 +38,14 @@ only on constants (Grappler folds them), variable reads, views (``Identity``,
 ``Reshape``, ...), ``NoOp`` and shape queries of static shapes.  An op's
 predecessors are the ops it reaches upstream through such nodes, by data or
 control inputs.  Variable writes (``Assign*VariableOp``) are ops: they are the
-update's last nodes.
+update's last nodes.  So is an ``IdentityN`` of several tensors: one node that
+waits for all of them (Keras's all-reduce of the gradients is one, under the
+default distribution strategy: the update starts when the last gradient is
+done, in Keras's graph and so in every plan of it).
+
+**Grouping.**  A step of more than :data:`MAX_STEP_OPS` ops (NASNetMobile's
+has 12,700) is grouped phase by phase (:func:`coarsen_step`); an op then
+stands for several nodes, listed in the source.
 
 **Phases** are decided by *who created the node*: the capture counts the
 graph's operations before the forward, after the loss, after
@@ -74,6 +81,8 @@ from opsched.errors import ModelImportError
 from opsched.graph import Edge, Op, OpGraph
 from opsched.importers.tf_graph import KIND_OF, VIEW_OPS, TensorInfo, TFSource, _flops, _tensor_bytes
 
+#: Steps with more ops are grouped to this many (the shipped policy plans at most 4096 ops).
+MAX_STEP_OPS = 4096
 #: Roles of a step variable.
 TRAINABLE, STATE, OPTIMIZER = "trainable", "state", "optimizer"
 
@@ -135,6 +144,9 @@ class TFStepSource(TFSource):
 
     variables: tuple[StepVariable, ...] = ()
     initial: tuple[bytes, ...] = field(default=(), repr=False)
+    #: ops that stand for several TF nodes (:func:`coarsen_step`): (op id, members, entries, exits)
+    groups: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = field(default=(),
+                                                                                             repr=False)
 
     @property
     def state_bytes(self) -> int:
@@ -260,9 +272,10 @@ def make_step(model: Any, loss: Callable[[Any, Any], Any], optimizer: Any,
 
 
 def capture_keras_step(model: Any, loss: Any, optimizer: Any, example_x: Any, example_y: Any,
-                       name: str | None = None) -> KerasStepCapture:
+                       name: str | None = None, max_ops: int | None = MAX_STEP_OPS) -> KerasStepCapture:
     """Trace ``model``'s training step with ``loss`` and ``optimizer`` for the example's shapes
-    into an OpGraph with a :class:`TFStepSource` (see the module docstring)."""
+    into an OpGraph with a :class:`TFStepSource` (see the module docstring); a step of more than
+    ``max_ops`` ops is coarsened to that many (:func:`coarsen_step`; None: never)."""
     tf = _tf()
     import keras
 
@@ -310,7 +323,11 @@ def capture_keras_step(model: Any, loss: Any, optimizer: Any, example_x: Any, ex
                       "optimizer": type(optimizer).__name__, "loss": getattr(loss_fn, "name",
                                                                            getattr(loss_fn, "__name__", "loss")),
                       "batch": int(xs[0].shape[0]) if xs[0].ndim else 1})
+    groups: tuple = ()
+    if max_ops is not None and len(graph.ops) > max_ops:
+        graph, groups = coarsen_step(graph, max_ops)
     source = TFStepSource(
+        groups=groups,
         graph_def=gd.SerializeToString(),
         inputs=tuple(TensorInfo(n, tuple(a.shape), str(a.dtype)) for n, a in zip(feeds, (*xs, y))),
         outputs=(out[0].name,), op_nodes=tuple(op.id for op in graph.ops), keras_config=None,
@@ -438,7 +455,8 @@ def _opgraph(fg: Any, feeds: Sequence[str], fetch: str, marks: dict[str, int], s
             continue
         const[o.name] = o.type in ("Const", *SHAPE_OPS) or (
             not o.op_def.is_stateful and all(const.get(i, False) for i in ins))
-        if not const[o.name] and o.type not in _LOOK_THROUGH and o.type not in SHAPE_OPS:
+        barrier = o.type == "IdentityN" and len(o.inputs) > 1  # waits for all its inputs: an op of its own
+        if not const[o.name] and (barrier or (o.type not in _LOOK_THROUGH and o.type not in SHAPE_OPS)):
             kept.add(o.name)
 
     # upstream ops of every tensor / node, looking through bookkeeping (memoized, creation order)
@@ -473,8 +491,7 @@ def _opgraph(fg: Any, feeds: Sequence[str], fetch: str, marks: dict[str, int], s
             # leaving it out lets a plan's control dependencies close a cycle); only a view's
             # data input carries its bytes
             acc = dict(whole)
-            if o.type == "IdentityN":  # one node: output k waits for every input (Keras's all-reduce
-                # of the gradients is one: the update starts when the last gradient is done)
+            if o.type == "IdentityN":  # one node: output k waits for every input
                 merge(acc, up_tensor.get(o.inputs[t.value_index].name, {}), False)
             elif o.type in VIEW_OPS and o.inputs and not const[o.name]:
                 merge(acc, up_tensor.get(o.inputs[0].name, {}), False)
@@ -531,6 +548,63 @@ def _opgraph(fg: Any, feeds: Sequence[str], fetch: str, marks: dict[str, int], s
     return OpGraph(tuple(out_ops), tuple(edges), name=name, meta=full_meta)
 
 
+def coarsen_step(graph: OpGraph, max_ops: int) -> tuple[OpGraph, tuple]:
+    """``graph`` with its ops grouped into at most about ``max_ops`` (the shipped policy plans at most
+    4096), phase by phase: :func:`opsched.engine.coarsen.coarsen` on each phase's ops, cheapest safe
+    contractions first (a BatchNorm's per-channel arithmetic folds into its neighbours; a chain
+    becomes one op).  Within a phase that is acyclic in the whole graph too: a path that leaves a
+    phase never comes back to it.  A group keeps its heaviest member's id (a TF node name) and its
+    phase; the groups, with the members that start them (entries) and end them (exits), go to the
+    source, so that the runtime places every member and puts a plan's waits on the ends."""
+    from opsched.engine.coarsen import coarsen
+    from opsched.phases import PHASES
+
+    phases = dict(graph.meta["phases"])
+    n = len(graph.ops)
+    group_of: dict[str, str] = {}
+    members_of: dict[str, list[str]] = {}
+    for phase in PHASES:
+        ids = [op.id for op in graph.ops if phases[op.id] == phase]
+        if not ids:
+            continue
+        keep = set(ids)
+        sub = OpGraph(tuple(graph.ops[graph.index[i]] for i in ids),
+                      tuple(e for e in graph.edges if e.src in keep and e.dst in keep), name=f"{graph.name}/{phase}")
+        budget = max(1, int(max_ops * len(ids) / n))
+        co = coarsen(sub, budget)
+        weight = [op.flops + op.bytes_total for op in sub.ops]
+        for members in co.groups:
+            lead = sub.ops[max(members, key=weight.__getitem__)].id
+            members_of[lead] = [sub.ops[i].id for i in members]
+            for i in members:
+                group_of[sub.ops[i].id] = lead
+    ops, groups = [], []
+    for op in graph.ops:  # groups in the order of their lead's position
+        if group_of[op.id] != op.id:
+            continue
+        mem = [graph.ops[graph.index[m]] for m in members_of[op.id]]
+        ops.append(Op(id=op.id, name=op.name if len(mem) == 1 else f"{op.name} (+{len(mem) - 1} ops)",
+                      kind=op.kind, flops=float(sum(o.flops for o in mem)),
+                      bytes_read=float(sum(o.bytes_read for o in mem)),
+                      bytes_written=float(sum(o.bytes_written for o in mem)),
+                      param_bytes=float(sum(o.param_bytes for o in mem)), shape=op.shape, dtype=op.dtype))
+        if len(mem) > 1:
+            inside = set(members_of[op.id])
+            entries = tuple(m.id for m in mem if not any(p in inside for p in graph.predecessors(m.id)))
+            exits = tuple(m.id for m in mem if not any(q in inside for q in graph.successors(m.id)))
+            groups.append((op.id, tuple(members_of[op.id]), entries, exits))
+    agg: dict[tuple[str, str], float] = {}
+    for e in graph.edges:
+        a, b = group_of[e.src], group_of[e.dst]
+        if a != b:
+            agg[(a, b)] = agg.get((a, b), 0.0) + e.bytes
+    meta = {**dict(graph.meta), "phases": {op.id: phases[op.id] for op in ops},
+            "step": {**dict(graph.meta.get("step", {})), "ops_before_grouping": n, "grouped_ops": len(groups)},
+            "output_ops": sorted({group_of[o] for o in graph.meta.get("output_ops", []) if o in group_of})}
+    return OpGraph(tuple(ops), tuple(Edge(a, b, v) for (a, b), v in agg.items()), name=graph.name,
+                   meta=meta), tuple(groups)
+
+
 def _topological(ops: Sequence[Any]) -> list[Any]:
     """``ops`` in an order where every node follows its data and control inputs, creation order
     among ready nodes (creation order alone is not one: the returned loss gets its control
@@ -557,5 +631,5 @@ def _reads_variable(t: Any, resources: set[str]) -> bool:
     return t.op.type == "ReadVariableOp" and t.op.inputs and t.op.inputs[0].op.name in resources
 
 
-__all__ = ["OPTIMIZER", "STATE", "TRAINABLE", "KerasStepCapture", "StepVariable", "TFStepSource", "as_leaves",
-           "capture_keras_step", "leaf_signature", "make_step", "resolve_loss", "step_flops"]
+__all__ = ["MAX_STEP_OPS", "OPTIMIZER", "STATE", "TRAINABLE", "KerasStepCapture", "StepVariable", "TFStepSource", "as_leaves",
+           "capture_keras_step", "coarsen_step", "leaf_signature", "make_step", "resolve_loss", "step_flops"]
