@@ -21,6 +21,13 @@ update, so ``state_dict()`` and ``optimizer.state_dict()`` are those of eager
 training.  ``p.grad`` is not filled in.  ONNX Runtime has no maintained CPU
 training from pip (onnxruntime-training stopped at 1.19.2), so training
 steps run on PyTorch's kernels: ``torch-cpu`` (or ``torch-cuda``).
+
+A Keras model with a Keras loss (``loss(y_true, y_pred)``) and a Keras
+optimizer is a :class:`~opsched.adapters.keras_train.KerasTrainingNetwork`:
+its step runs on TensorFlow (``tf``), ``step.fit(x, y, epochs=...,
+batch_size=...)`` is its ``model.fit``, and the trained weights come back into
+the model on ``step.sync()`` and at the end of ``fit`` (the sync rule:
+:mod:`opsched.adapters.keras_train`).
 """
 
 from __future__ import annotations
