@@ -122,8 +122,9 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     (``opsched.apply``'s ``measure``; None: its default).  ``mode``: ``infer``
     (the network's inference) or ``train`` (its training step with
     ``optimizer`` at ``lr``, :func:`opsched.training.load_training`; the rows
-    are eager steps at torch's default threads and at one thread, then the
-    scheduled steps, each on its own copy of the model)."""
+    are eager steps at torch's default threads and at one thread - for a
+    Keras model TensorFlow's default and recommended settings - then the
+    scheduled steps, each on its own copy of the model's state)."""
     from opsched.measured import DEFAULT_TOP
     from opsched.plan import Plan
     from opsched.planning import describe, resolve_policy
@@ -142,7 +143,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
 
         net, x, y = load_training(model_spec, batch, width, optimizer=optimizer, lr=lr)
         first = x[0] if isinstance(x, (tuple, list)) else x
-        network, inputs, framework = net, (x, y), "torch-train"
+        network, inputs, framework = net, (x, y), framework_of(net)  # torch-train or keras-train
         net_batch = batch = int(first.shape[0]) if getattr(first, "ndim", 0) else batch
     else:
         loaded = load_model(model_spec, batch, width)

@@ -71,7 +71,8 @@ AUTO = "auto"
 #: column), and on ``ort`` a plan the model does not predict faster than ONNX Runtime's own
 #: sequential run is replaced by it - when onnx and onnxruntime import and the module
 #: exports to ONNX with outputs that match the module's, else ``torch-cpu``.
-AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",), "torch-train": ("torch-cpu",)}
+AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",), "torch-train": ("torch-cpu",),
+                     "keras-train": ("tf",)}
 
 _BACKENDS: dict[tuple[str, str], Backend] = {}
 _LOCK = threading.Lock()
@@ -100,12 +101,15 @@ def shared_backend(name: str, machine: Machine) -> Backend:
 
 
 def framework_of(network: Any) -> str:
-    """``torch``, ``keras``, ``onnx`` or ``torch-train`` (a training step; TypeError for anything else)."""
+    """``torch``, ``keras``, ``onnx``, or ``torch-train`` / ``keras-train`` (a training step; TypeError
+    for anything else)."""
     from opsched.adapters.onnx import is_onnx_model
     from opsched.specs import is_keras
 
     if type(network).__name__ == "TrainingNetwork":
         return "torch-train"
+    if type(network).__name__ == "KerasTrainingNetwork":
+        return "keras-train"
     if is_keras(network):
         return "keras"
     if is_onnx_model(network):
@@ -137,9 +141,10 @@ def resolve_backend(choice: str, framework: str, what: str = "the model") -> tup
     if framework not in spec.frameworks():
         fits = [n for n in choices[1:] if framework in BACKENDS[n].frameworks()]
         kind = {"torch": "a PyTorch model", "keras": "a Keras model", "onnx": "an ONNX model",
-                "torch-train": "a PyTorch training step"}
-        runs = " and ".join({"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step"}[f]
-                            for f in spec.frameworks())
+                "torch-train": "a PyTorch training step", "keras-train": "a Keras training step"}
+        runs = " and ".join(dict.fromkeys(  # a Keras training step is a Keras model's: "runs Keras models"
+            {"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step",
+             "keras-train": "Keras"}[f] for f in spec.frameworks()))
         raise OpschedError(f"backend {choice} runs {runs} models, but {what} is {kind[framework]}; use "
                            f"{' or '.join(fits)} (or auto)")
     return (choice,)

@@ -56,6 +56,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,8 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
     from opsched.zoo.training import build_train
 
     spec = spec.strip()
+    if spec.startswith("keras:"):  # a keras.applications model, sparse categorical cross-entropy
+        return keras_application_step(spec, batch, width, seed, optimizer, lr)
     if spec.startswith("zoo:") or spec in ZOO:
         name, b, w = _zoo_size(spec if spec.startswith("zoo:") else f"zoo:{spec}", batch, width)
         ex = build_train(name, b, w, seed)
@@ -340,8 +343,8 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
     else:
         py = _split_py(spec)
         if py is None:
-            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model or a module.py:factory; "
-                                   "Keras and ONNX training steps are not scheduled (see the README)")
+            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model, a keras: model or a "
+                                   "module.py:factory; ONNX training steps are not scheduled (see the README)")
         fn = _load_py_factory(*py)
         try:
             result = fn(batch)
@@ -352,8 +355,70 @@ def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, 
                                    f"loss_fn), got {type(result).__name__}"
                                    + (f" of {len(result)}" if isinstance(result, tuple) else ""))
         module, x, y, loss_fn = result
+        if is_keras(module):  # a Keras model: loss_fn(y_true, y_pred), a Keras optimizer
+            return KerasTrainingNetwork(module, loss_fn, make_keras_optimizer(optimizer, lr)), x, y
         module.train()
     return TrainingNetwork(module, loss_fn, make_optimizer(optimizer, module, lr)), x, y
+
+
+
+@dataclass
+class KerasTrainingNetwork:
+    """What a Keras training step is made of: the model, the loss (``loss(y_true, y_pred)``, a
+    ``keras.losses.Loss`` or a name) and the Keras optimizer."""
+
+    model: Any
+    loss: Any
+    optimizer: Any
+    _function: Any = dataclass_field(default=None, repr=False)
+
+    def function(self) -> Any:
+        """Keras's own step as a ``tf.function`` (``function(*x_leaves, y)``; retraces for new shapes)."""
+        if self._function is None:
+            import tensorflow as tf
+
+            from opsched.importers.tf_step import make_step, resolve_loss
+
+            if not getattr(self.optimizer, "built", False):
+                self.optimizer.build(self.model.trainable_variables)
+            self._function = tf.function(make_step(self.model, resolve_loss(self.loss), self.optimizer),
+                                         autograph=False)
+        return self._function
+
+
+def make_keras_optimizer(kind: str, lr: float | None = None) -> Any:
+    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01):
+    the Keras twins of :func:`make_optimizer`."""
+    import keras
+
+    kinds = {"sgd": (keras.optimizers.SGD, {"learning_rate": 0.01, "momentum": 0.9}),
+             "adam": (keras.optimizers.Adam, {"learning_rate": 1e-3}),
+             "adamw": (keras.optimizers.AdamW, {"learning_rate": 1e-3, "weight_decay": 0.01})}
+    if kind not in kinds:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
+    cls, kw = kinds[kind]
+    return cls(**{**kw, **({"learning_rate": lr} if lr is not None else {})})
+
+
+def keras_application_step(spec: str, batch: int, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
+                           lr: float | None = None) -> tuple[KerasTrainingNetwork, Any, Any]:
+    """``keras:NAME[:side=N]`` in train mode: the ``keras.applications`` model (``weights=None``, fresh
+    weights from ``seed``), random inputs, random labels over its classes, sparse categorical
+    cross-entropy, and the optimizer (:func:`make_keras_optimizer`)."""
+    import keras
+    import numpy as np
+
+
+    model = _keras_application(spec, width, seed)
+    shape = tuple(model.inputs[0].shape[1:])
+    if any(d is None for d in shape):
+        raise ModelImportError(f"model spec {spec!r}: input shape {shape} is not fixed; give side=N")
+    classes = int(model.outputs[0].shape[-1])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
+    y = rng.integers(0, classes, size=(batch,)).astype(np.int64)
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    return KerasTrainingNetwork(model, loss, make_keras_optimizer(optimizer, lr)), x, y
 
 
 
@@ -524,5 +589,5 @@ def _importer_hash() -> str:
     return h.hexdigest()[:16]
 
 
-__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "TrainingNetwork", "load_training", "make_optimizer", "import_graph", "load_graph", "load_machine",
+__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "KerasTrainingNetwork", "TrainingNetwork", "keras_application_step", "load_training", "make_keras_optimizer", "make_optimizer", "import_graph", "load_graph", "load_machine",
            "load_model", "load_onnx_graph", "load_torch_model", "onnx_export_key", "onnx_graph_of"]

@@ -21,6 +21,13 @@ update, so ``state_dict()`` and ``optimizer.state_dict()`` are those of eager
 training.  ``p.grad`` is not filled in.  ONNX Runtime has no maintained CPU
 training from pip (onnxruntime-training stopped at 1.19.2), so training
 steps run on PyTorch's kernels: ``torch-cpu`` (or ``torch-cuda``).
+
+A Keras model with a Keras loss (``loss(y_true, y_pred)``) and a Keras
+optimizer is a :class:`~opsched.adapters.keras_train.KerasTrainingNetwork`:
+its step runs on TensorFlow (``tf``), ``step.fit(x, y, epochs=...,
+batch_size=...)`` is its ``model.fit``, and the trained weights come back into
+the model on ``step.sync()`` and at the end of ``fit`` (the sync rule:
+:mod:`opsched.adapters.keras_train`).
 """
 
 from __future__ import annotations
@@ -45,9 +52,14 @@ def train_step(policy: Policy | str | Path | None, module: Any, loss_fn: Any, op
     arguments as :func:`opsched.apply`.  Never raises for a step it cannot
     schedule: the result then runs the eager step (``.fallback`` says why)."""
     from opsched.scheduled import apply
-    from opsched.specs import TrainingNetwork
+    from opsched.specs import TrainingNetwork, is_keras
 
-    net = TrainingNetwork(module, loss_fn, optimizer)
+    if is_keras(module):  # a Keras model: loss(y_true, y_pred) and a Keras optimizer (opsched.adapters.keras_train)
+        from opsched.specs import KerasTrainingNetwork
+
+        net: Any = KerasTrainingNetwork(module, loss_fn, optimizer)
+    else:
+        net = TrainingNetwork(module, loss_fn, optimizer)
     return apply(policy, net, (example_x, example_y), backend=backend, machine=machine, perf_model=perf_model,
                  verify=verify, measure=measure, memory_limit=memory_limit)
 

@@ -3,8 +3,9 @@
 Layers, lowest first (an import may go to the same or a lower layer; the package root
 ``opsched/__init__.py`` is the facade and exempt):
 
-  core      opsched.<module> (graph, machine, plan, trace, specs, cache, io, timing, ...), zoo, importers
+  core      opsched.<module> (graph, machine, plan, trace, cache, io, timing, synthetic, ...)
   engine    opsched.engine (contracts, simulator, models, bounds, profiles)
+  front     opsched.importers, opsched.zoo, opsched.specs (networks in: may use the engine's graph tools)
   policies  opsched.policies
   backends  opsched.backends (runtimes and their profilers)
   planning  opsched.planning (the planning-model choice)
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAP = {"opsched.envs": "envs", "opsched.agents": "agents", "opsched.backends": "backends",
        "opsched.policies": "policies"}
-LAYER = {"engine": 1, "policies": 2, "backends": 3, "planning": 3.5, "envs": 4, "agents": 5,
+LAYER = {"engine": 1, "importers": 1.5, "zoo": 1.5, "specs": 1.5, "policies": 2, "backends": 3, "planning": 3.5, "envs": 4, "agents": 5,
          "scheduled": 6, "adapters": 6, "training": 6, "real_apply": 6, "measured": 6, "ceiling": 6,
          "benchmarks": 7, "commands": 8, "cli": 8, "__main__": 8}
 
