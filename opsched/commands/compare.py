@@ -34,7 +34,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import typer
@@ -46,9 +46,10 @@ from opsched.commands.app import app, console_for, progress_option, want_progres
 from opsched.errors import OpschedError
 from opsched.progress import progress_bar
 
-CSV_FIELDS = ("graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
-              "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s",
-              "lp_bound_s", "tight_lb_ratio", "best_known_s", "best_known_ratio")
+CSV_FIELDS: tuple[str, ...] = (
+    "graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
+    "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s",
+    "lp_bound_s", "tight_lb_ratio", "best_known_s", "best_known_ratio")
 
 
 @dataclass
@@ -91,6 +92,13 @@ def command_line(params: dict[str, Any]) -> str:
         elif value is not None:
             parts += [flag, str(value)]
     return shlex.join(parts)
+
+
+@runtime_checkable
+class _WithWorkers(Protocol):
+    """A backend whose ops run in worker processes (tf): their CPU time is its own, not load."""
+
+    def worker_pids(self) -> list[int]: ...
 
 
 def _time_of(trace: Any, measured: bool) -> float:
@@ -238,7 +246,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
 
                 configs = {r.policy: (lambda r=r: run_once(r)) for r in rows}
                 t = interleave(configs, warmup if measured else 0, repeats, on_call=step,
-                               pids=backend.worker_pids() if hasattr(backend, "worker_pids") else ())
+                               pids=backend.worker_pids() if isinstance(backend, _WithWorkers) else ())
                 done += len(rows) * (repeats + (warmup if measured else 0))
                 for r in rows:
                     r.times = t.samples[r.policy]
