@@ -34,7 +34,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import typer
@@ -43,6 +43,7 @@ from rich.table import Table
 
 from opsched.backends.registry import help_text
 from opsched.commands.app import app, console_for, progress_option, want_progress
+from opsched.engine.contracts import WorkerProcesses
 from opsched.errors import OpschedError
 from opsched.progress import progress_bar
 
@@ -92,13 +93,6 @@ def command_line(params: dict[str, Any]) -> str:
         elif value is not None:
             parts += [flag, str(value)]
     return shlex.join(parts)
-
-
-@runtime_checkable
-class _WithWorkers(Protocol):
-    """A backend whose ops run in worker processes (tf): their CPU time is its own, not load."""
-
-    def worker_pids(self) -> list[int]: ...
 
 
 def _time_of(trace: Any, measured: bool) -> float:
@@ -246,7 +240,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
 
                 configs = {r.policy: (lambda r=r: run_once(r)) for r in rows}
                 t = interleave(configs, warmup if measured else 0, repeats, on_call=step,
-                               pids=backend.worker_pids() if isinstance(backend, _WithWorkers) else ())
+                               pids=backend.worker_pids() if isinstance(backend, WorkerProcesses) else ())
                 done += len(rows) * (repeats + (warmup if measured else 0))
                 for r in rows:
                     r.times = t.samples[r.policy]

@@ -231,4 +231,14 @@ class Backend(Protocol):
         ...
 
 
-__all__ = ["Backend", "PerfModel", "RuntimeModel", "TimeTable"]
+@runtime_checkable
+class WorkerProcesses(Protocol):
+    """A backend whose ops run in worker processes (``tf``): their CPU time is the
+    backend's own, not other processes' load (``opsched.timing.interleave(pids=...)``)."""
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the live workers."""
+        ...
+
+
+__all__ = ["Backend", "PerfModel", "RuntimeModel", "TimeTable", "WorkerProcesses"]
