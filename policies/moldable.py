@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Device, Machine
 from opsched.plan import Assignment, Plan
@@ -130,7 +131,7 @@ def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: 
     return build_plan(problem.graph, machine, assignments, policy=policy, **meta)
 
 
-def heft_placement(graph: OpGraph, machine: Machine, model: Any) -> dict[str, str]:
+def heft_placement(graph: OpGraph, machine: Machine, model: PerfModel | None) -> dict[str, str]:
     """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine)."""
     if not machine.gpus:
         return {}
@@ -140,7 +141,7 @@ def heft_placement(graph: OpGraph, machine: Machine, model: Any) -> dict[str, st
     return {k: a.device for k, a in plan.assignments.items() if a.device != "cpu"}
 
 
-def placements(graph: OpGraph, machine: Machine, model: Any) -> list[tuple[str, dict[str, str]]]:
+def placements(graph: OpGraph, machine: Machine, model: PerfModel | None) -> list[tuple[str, dict[str, str]]]:
     """The placements a moldable heuristic tries: every op on the CPU, and on a
     machine with GPUs also HEFT's GPU ops on their GPUs."""
     out: list[tuple[str, dict[str, str]]] = [("cpu", {})]
@@ -150,7 +151,7 @@ def placements(graph: OpGraph, machine: Machine, model: Any) -> list[tuple[str, 
     return out
 
 
-def simulate(graph: OpGraph, machine: Machine, model: Any, plan: Plan) -> float:
+def simulate(graph: OpGraph, machine: Machine, model: PerfModel | None, plan: Plan) -> float:
     """``plan``'s makespan in the simulator under ``model`` (the plans' judge)."""
     from opsched.engine.sim import prepare, replay
 

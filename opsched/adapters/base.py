@@ -117,6 +117,9 @@ class Scheduled:
 
     graph: OpGraph | None
     plan: Plan | None
+    #: Every scheduled model is called like the network (nn.Module's ``__call__``, or the
+    #: subclass's own); declared only, so no subclass's ``__call__`` is shadowed.
+    __call__: Callable[..., Any]
     #: Seconds the policy took to plan, timing its candidates included (None: a saved plan, or no plan).
     plan_s: float | None = None
     machine: Machine
@@ -162,7 +165,7 @@ class Scheduled:
     def time_call(self, *inputs: Any) -> float:
         """Wall seconds of one call."""
         t0 = time.perf_counter()
-        self(*inputs)  # type: ignore[operator]
+        self(*inputs)
         return time.perf_counter() - t0
 
     def _repr(self, what: str = "") -> str:

@@ -101,13 +101,21 @@ def pin_one_core() -> str:
         return f"not pinned ({exc})"
 
 
-def throughput_args(module: str, doc: str, argv: Sequence[str] | None, sizes: Mapping[str, int],
+def doc_summary(doc: str | None, paragraph: bool = False) -> str:
+    """A module docstring's first line (``paragraph``: first paragraph) for ``--help``;
+    ``""`` without one (``python -OO`` strips docstrings: ``__doc__`` is None)."""
+    if not doc:
+        return ""
+    return doc.split("\n\n")[0] if paragraph else doc.splitlines()[0]
+
+
+def throughput_args(module: str, doc: str | None, argv: Sequence[str] | None, sizes: Mapping[str, int],
                     quick: Mapping[str, int]) -> Any:
     """The command line of a throughput benchmark: integer options (``sizes``:
     name -> default), ``--quick`` (a smoke run: ``quick``'s values instead) and ``--out``."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog=f"python -m opsched.benchmarks.{module}", description=doc.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=f"python -m opsched.benchmarks.{module}", description=doc_summary(doc))
     for name, default in sizes.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     ap.add_argument("--quick", action="store_true",

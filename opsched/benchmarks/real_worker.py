@@ -260,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     ``--check FILE`` the first output tensor (flattened, float32) of every
     configuration is saved to ``FILE`` (``.npz``, one array per configuration)
     so the driver can compare it with eager's."""
+    from opsched.benchmarks.harness import doc_summary
+
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.real_worker",
-                                 description=__doc__.splitlines()[0])
+                                 description=doc_summary(__doc__))
     ap.add_argument("--kind", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", type=int, default=1)

@@ -179,7 +179,7 @@ def summarize(groups: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python bench/train_step.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python bench/train_step.py", description=H.doc_summary(__doc__))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default="4,16")
     ap.add_argument("--width", type=float, default=1.0)
