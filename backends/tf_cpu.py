@@ -169,6 +169,7 @@ class _WorkerProc:
     def _read_exact(self, n: int, deadline: float) -> bytes:
         import time
 
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         fd = self.proc.stdout.fileno()
         chunks, got = [], 0
         while got < n:
@@ -209,8 +210,9 @@ class _WorkerProc:
         if self.proc.poll() is not None:
             raise ExecutionError(f"{self.label} is not running (exit code {self.proc.returncode}). "
                                  f"{self.stderr_tail()}")
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         try:
-            write_message(self.proc.stdin, header, blobs)
+            write_message(self.proc.stdin, header, blobs)  # pyright: ignore[reportArgumentType] - a binary pipe
         except (BrokenPipeError, OSError):
             try:
                 self.proc.wait(timeout=5)

@@ -80,7 +80,7 @@ class _Step:
         from tensorflow.core.framework import graph_pb2
 
         self.worker = worker
-        self.base = graph_pb2.GraphDef()
+        self.base = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         self.base.ParseFromString(blobs[0])
         self.feeds = list(header["feeds"])
         self.fetches = list(header["fetches"])
@@ -145,7 +145,7 @@ class _Step:
         tf = self.tf
         from tensorflow.core.framework import graph_pb2
 
-        gd = graph_pb2.GraphDef()
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.CopyFrom(self.base)
         nodes = {n.name: n for n in gd.node}
         for name, dev in placement.items():

@@ -116,7 +116,12 @@ _ARGS = IdentityLRU(32)  # per plan: its PlanArgs (a plan is immutable)
 def plan_args(be: Any, graph: OpGraph, plan: Any) -> PlanArgs:
     """``be._plan_args(graph, plan)`` as :class:`PlanArgs`, kept per plan."""
     return _ARGS.get_or_make((id(plan), id(graph), id(be)),
-                             lambda: PlanArgs.of(*be._plan_args(graph, plan), graph.source.groups), plan, graph, be)
+                             lambda: _plan_args(be, graph, plan), plan, graph, be)
+
+
+def _plan_args(be: Any, graph: OpGraph, plan: Any) -> PlanArgs:
+    settings, placement, after = be._plan_args(graph, plan)
+    return PlanArgs.of(settings, placement, after, graph.source.groups)
 
 
 def call(be: Any, graph: OpGraph, settings: Any, inputs: Sequence[np.ndarray] | None = None,

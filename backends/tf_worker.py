@@ -106,7 +106,7 @@ class _Worker:
 
         if header.get("step") is not None:  # a training step: its variables live in this worker
             return self.steps.load(header, blobs)
-        gd = graph_pb2.GraphDef()
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.ParseFromString(blobs[0])
         self.graphs[header["key"]] = (gd, list(header["feeds"]), list(header["fetches"]),
                                       bool(header.get("arithmetic", False)))
@@ -115,7 +115,7 @@ class _Worker:
     def unload(self, key: str) -> dict[str, Any]:
         self.graphs.pop(key, None)
         self.steps.unload(key)
-        for skey in [k for k in self.sessions.keys() if k[0] == key]:
+        for skey in [k for k in self.sessions.keys() if isinstance(k, tuple) and k[0] == key]:
             self.sessions.pop(skey)  # closes it
         return {"ok": True}
 
@@ -144,7 +144,7 @@ class _Worker:
         from tensorflow.core.framework import graph_pb2
 
         base, feeds, fetches, arithmetic = self.graphs[key]
-        gd = graph_pb2.GraphDef()
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.CopyFrom(base)
         nodes = {n.name: n for n in gd.node}
         for name, dev in placement.items():

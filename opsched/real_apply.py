@@ -192,9 +192,10 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
         configs[key] = Config(adapter.timer(sm, prepared.feeds),
                               describe_plan(sm.plan) if sm.scheduled else f"eager (fallback: {sm.fallback_reason})",
                               same)
-    worker_pids = getattr(be, "worker_pids", None)
+    from opsched.engine.contracts import WorkerProcesses
+
     timings = interleave({k: c.timer for k, c in configs.items()}, warmup, repeats,
-                         pids=worker_pids() if callable(worker_pids) else (), on_call=on_call)
+                         pids=be.worker_pids() if isinstance(be, WorkerProcesses) else (), on_call=on_call)
 
     import statistics
 

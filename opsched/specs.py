@@ -428,6 +428,7 @@ def load_torch_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 
     if loaded.framework != "torch":
         raise ModelImportError(f"model spec {spec!r} is a Keras model, not a PyTorch one; it runs on the "
                                "TensorFlow backend (--backend tf)")
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return loaded.model, loaded.inputs
 
 
@@ -444,6 +445,7 @@ def import_graph(loaded: LoadedModel) -> OpGraph:
         return from_keras(loaded.model, batch=loaded.batch, name=loaded.name)
     from opsched.importers.torch_fx import from_torch
 
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return from_torch(loaded.model, loaded.inputs, name=loaded.name)
 
 
@@ -550,6 +552,7 @@ def onnx_graph_of(loaded: LoadedModel, width: float = 1.0, seed: int = 0, *, opt
     if loaded.framework != "torch":
         raise ModelImportError(f"model spec {spec!r} is a {loaded.framework} model; ONNX Runtime runs ONNX files "
                                "and PyTorch models (exported to ONNX)")
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return from_torch_via_onnx(loaded.model, loaded.inputs, name=loaded.name, key=onnx_export_key(loaded, width, seed),
                                cache_dir=cache_dir, opt_level=opt_level)
 
@@ -583,6 +586,7 @@ def _importer_hash() -> str:
 
     h = hashlib.sha256()
     for pkg in (opsched.zoo, opsched.importers):
+        assert pkg.__file__ is not None  # regular packages on disk
         for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
             h.update(f.name.encode())
             h.update(f.read_bytes())

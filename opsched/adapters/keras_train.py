@@ -157,6 +157,7 @@ class KerasTrainStep(Scheduled):
             return
         from opsched.backends.tf_train import push
 
+        assert self.graph is not None  # a scheduled step (capture set) has its graph
         t0 = time.perf_counter()
         values = self.capture.read()
         push(self.backend, self.graph, self._settings, self.state, values)
@@ -172,6 +173,7 @@ class KerasTrainStep(Scheduled):
             return 0.0
         from opsched.backends.tf_train import pull
 
+        assert self.graph is not None  # a scheduled step (capture set) has its graph
         t0 = time.perf_counter()
         values = pull(self.backend, self.graph, self._settings, self.state, self._written)
         self.capture.write(values, self._written)
@@ -184,12 +186,14 @@ class KerasTrainStep(Scheduled):
 
     def _push_small(self) -> None:
         """Re-send the small read-only variables (the learning rate) that changed here."""
-        if not self._small:
+        if not self._small or self.capture is None:
             return
         from opsched.backends.tf_train import push
 
+        assert self.graph is not None  # a scheduled step (capture set) has its graph
         now = self.capture.read(self._small)
-        changed = [k for k, i in enumerate(self._small) if not np.array_equal(now[k], self._pushed_small.get(i))]
+        changed = [k for k, i in enumerate(self._small)
+                   if i not in self._pushed_small or not np.array_equal(now[k], self._pushed_small[i])]
         if changed:
             which = [self._small[k] for k in changed]
             push(self.backend, self.graph, self._settings, self.state, [now[k] for k in changed], which)
@@ -260,7 +264,8 @@ class KerasTrainStep(Scheduled):
             for start in range(0, n, bs):
                 idx = order[start:start + bs]
                 bx = tuple(a[idx] for a in xs)
-                loss = self(bx if len(bx) > 1 else bx[0], ys[idx])
+                first, *rest = bx  # a model has at least one input
+                loss = self(bx if rest else first, ys[idx])
                 total += float(loss) * len(idx)
                 count += len(idx)
             history["loss"].append(total / max(count, 1))

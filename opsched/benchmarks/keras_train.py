@@ -94,7 +94,8 @@ def bench_model(name: str, args: Any, machine: Any, console: Any) -> dict[str, A
                 "fallback": st.fallback_reason, "warnings": [str(w.message) for w in caught],
                 "chosen": meta.get("chosen"), "model_choice": meta.get("model_choice"),
                 "measured_at_apply_s": meta.get("measured"),
-                "settings": (plan_args(be, st.graph, st.plan).settings.label if st.scheduled else None)}
+                "settings": (plan_args(be, st.graph, st.plan).settings.label
+                             if st.scheduled and st.graph is not None else None)}
             console.print(f"  {key}: {'scheduled' if st.scheduled else 'FALLBACK ' + str(st.fallback_reason)}"
                           f", chosen {meta.get('chosen')}, apply {apply_s:.0f} s")
 
@@ -184,7 +185,7 @@ def _fresh_rss(graph: Any, feeds: list, settings: dict, steps: dict, machine: An
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.keras_train", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.keras_train", description=H.doc_summary(__doc__))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated keras.applications names")
     ap.add_argument("--side", type=int, default=96)
     ap.add_argument("--batch", type=int, default=4)
