@@ -1,15 +1,18 @@
 """Honest splits: the graphs and machines a policy trains on, is selected on, and is reported on.
 
 * **train**: what training sees - zoo models at small widths and some
-  batches, synthetic DAG families at seeds 1-3, the model-parallel placement
+  batches, three training steps (``train:`` specs: forward, backward and the
+  optimizer's update as one graph), synthetic DAG families at seeds 1-3, the model-parallel placement
   families, on a randomized family of machines (``random:0`` ...
   ``random:47``, :mod:`opsched.machine_family`: 2 to 128 cores, sockets, SMT,
   0 to 7 GPUs with their links);
 * **validation**: checkpoint selection only - other zoo models, synthetic
   seeds 101-107, on other draws of the family (``random:1000`` ...);
 * **test**: reported only, never trained on or selected on - Keras
-  applications imported through the TensorFlow importer, synthetic seeds and
-  sizes not trained on, zoo models at other widths and batches, placement
+  applications imported through the TensorFlow importer, training steps of
+  zoo models at unseen widths and batches and of a Keras application,
+  synthetic seeds and sizes not trained on, zoo models at other widths and
+  batches, placement
   graphs, on the presets (the 68-core KNL, the 2-socket Xeon, three multi-GPU
   servers) and this machine (``local``, planned with its profiled model).
 
@@ -28,8 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Zoo models and synthetic graphs training sees (spec strings).
+#: Training steps (forward, loss, backward, the optimizer's update as one graph; ``train:`` specs,
+#: :func:`opsched.specs.load_graph`) training sees: small widths, SGD and Adam.
+TRAIN_STEP_GRAPHS: tuple[str, ...] = ("train:zoo:randwire@4x0.5", "train:zoo:lstm@4x0.5", "train:zoo:resnet50@2x0.5:adam")
+#: Zoo models, synthetic graphs and training steps training sees (spec strings).
 TRAIN_GRAPHS: tuple[str, ...] = (
+    *TRAIN_STEP_GRAPHS,
     "zoo:resnet50@1x0.5", "zoo:resnet50@8x0.5",
     "zoo:nasnet@1x0.5", "zoo:nasnet@4x1.0",
     "zoo:randwire@1x0.5", "zoo:randwire@8x1.0",
@@ -53,8 +60,12 @@ VALIDATION_MACHINES: tuple[str, ...] = tuple(f"random:{s}" for s in range(1000, 
 #: Reported only.  Keras applications at 128 px (weights=None), imported through TensorFlow.
 TEST_KERAS: tuple[str, ...] = tuple(f"keras:{name}:side=128" for name in (
     "MobileNetV2", "ResNet50", "DenseNet121", "InceptionV3", "EfficientNetB0", "NASNetMobile"))
+#: Reported only: training steps of unseen zoo widths and batches, and a Keras application's step.
+TEST_STEP_GRAPHS: tuple[str, ...] = ("train:zoo:inception@4x1.0", "train:zoo:nasnet@16x1.0",
+                                     "train:zoo:transformer@4x1.0", "train:keras:MobileNetV2:side=128@4")
 TEST_GRAPHS: tuple[str, ...] = (
     *TEST_KERAS,
+    *TEST_STEP_GRAPHS,
     "zoo:inception@1x1.0", "zoo:resnet50@8x1.0", "zoo:nasnet@1x1.0", "zoo:randwire@1x1.0", "zoo:lstm@8x1.0",
     "zoo:transformer@1x1.0",
     "layered:200:901", "erdos_renyi:150:902", "watts_strogatz:60:903", "layered:30:904",
@@ -109,5 +120,5 @@ def check(train: Split = TRAIN, validation: Split = VALIDATION, test: Split = TE
 
 
 __all__ = ["TEST", "TEST_HARD_PAIRS", "TRAIN_HARD_PAIRS", "TEST_CPU_MACHINES", "TEST_GPU_MACHINES", "TEST_GRAPHS", "TEST_KERAS", "TEST_MACHINES",
-           "TEST_PLACEMENT_GRAPHS", "TRAIN", "TRAIN_GRAPHS", "TRAIN_MACHINES", "VALIDATION", "VALIDATION_GRAPHS",
+           "TEST_PLACEMENT_GRAPHS", "TEST_STEP_GRAPHS", "TRAIN", "TRAIN_STEP_GRAPHS", "TRAIN_GRAPHS", "TRAIN_MACHINES", "VALIDATION", "VALIDATION_GRAPHS",
            "VALIDATION_MACHINES", "Split", "check"]

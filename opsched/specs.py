@@ -64,7 +64,7 @@ from opsched.errors import GraphError, ModelImportError, OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
-SPEC_KINDS = ("zoo:NAME[@BxW], train:zoo:NAME[@BxW][:sgd|:adam|:adamw] (its training step), keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
+SPEC_KINDS = ("zoo:NAME[@B[xW]], train:zoo:NAME[@B[xW]][:sgd|:adam|:adamw] or train:keras:NAME[:side=N][@B] (its training step), keras:NAME[:side=N], synthetic:FAMILY[:n=N][:seed=S], FAMILY:N:SEED, "
               "a .json graph file, path/to/model.onnx, or path/to/module.py:factory")
 
 
@@ -249,14 +249,16 @@ def load_machine(spec: str | Machine | None = None) -> Machine:
 
 
 def _zoo_size(spec: str, batch: int, width: float) -> tuple[str, int, float]:
-    """``zoo:NAME[@BxW]`` -> (NAME, batch, width); the spec's size wins over the caller's."""
+    """``zoo:NAME[@B[xW]]`` -> (NAME, batch, width); the spec's size wins over the caller's
+    (``@B`` alone keeps the caller's width, 1.0 by default)."""
     name, _, size = spec[len("zoo:"):].partition("@")
     if size:
         try:
-            b, w = size.split("x")
-            batch, width = int(b), float(w)
+            b, _, w = size.partition("x")
+            batch, width = int(b), (float(w) if w else width)
         except ValueError:
-            raise GraphError(f"graph spec {spec!r}: expected zoo:NAME@BATCHxWIDTH, e.g. zoo:resnet50@8x0.5") from None
+            raise GraphError(f"graph spec {spec!r}: expected zoo:NAME@BATCH or zoo:NAME@BATCHxWIDTH, "
+                             "e.g. zoo:resnet50@8x0.5") from None
         if batch < 1 or not width > 0:
             raise GraphError(f"graph spec {spec!r}: batch must be >= 1 and width > 0")
     return name, batch, width
@@ -515,6 +517,11 @@ def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: s
     optimizer = "sgd"
     if last in TRAIN_OPTIMIZERS and head:
         body, optimizer = head, last
+    if body.startswith("keras:") and "@" in body:  # train:keras:NAME[:side=N]@B: the batch
+        body, _, b = body.rpartition("@")
+        if not b.isdigit() or int(b) < 1:
+            raise GraphError(f"graph spec {spec!r}: the batch after '@' must be a positive integer, got {b!r}")
+        batch = int(b)
     path = None
     if cache_dir is not None:
         ident = f"{body}|{optimizer}|{batch}x{width}:{seed}"
@@ -522,9 +529,15 @@ def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: s
         path = Path(cache_dir) / f"train_{key}.json"
         if path.is_file():
             return OpGraph.load(path)
-    from opsched.importers.torch_step import capture_step
     net, x, y = load_training(body, batch, width, seed, optimizer=optimizer)
-    graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:{body}")
+    if isinstance(net, KerasTrainingNetwork):  # a Keras step: TensorFlow's capture (importers.tf_step)
+        from opsched.importers.tf_step import capture_keras_step
+
+        graph = capture_keras_step(net.model, net.loss, net.optimizer, x, y, name=f"train:{body}").graph
+    else:
+        from opsched.importers.torch_step import capture_step
+
+        graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:{body}")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         graph.save(path)

@@ -332,3 +332,20 @@ def test_load_training_keras_spec(keras):
     net, x, y = load_training("keras:MobileNetV2:side=32", batch=2, width=0.35, optimizer="adam")
     assert isinstance(net, KerasTrainingNetwork) and x.shape == (2, 32, 32, 3) and y.dtype == np.int64
     assert type(net.optimizer).__name__ == "Adam" and 0 <= y.min() and y.max() < 1000
+
+
+def test_a_keras_training_step_is_a_graph_spec(keras, tmp_path):
+    """``train:keras:NAME[:side=N]@B`` (the test split's Keras step): TensorFlow's capture, every phase,
+    cached as JSON like the zoo's steps; a bad batch is a GraphError naming the spec."""
+    from opsched.errors import GraphError
+    from opsched.specs import load_graph
+
+    spec = "train:keras:MobileNetV2:side=32@2"
+    g = load_graph(spec, width=0.35, cache_dir=tmp_path)
+    phases = g.meta["phases"]
+    assert set(phases.values()) == {"forward", "backward", "update"} and len(phases) == len(g.ops)
+    assert len(list(tmp_path.glob("train_*.json"))) == 1
+    again = load_graph(spec, width=0.35, cache_dir=tmp_path)
+    assert [op.id for op in again.ops] == [op.id for op in g.ops]
+    with pytest.raises(GraphError, match="positive integer"):
+        load_graph("train:keras:MobileNetV2:side=32@x")

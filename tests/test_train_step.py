@@ -200,3 +200,33 @@ def test_the_measured_choice_times_the_plan_against_eager_and_keeps_the_faster()
     for i in range(3):
         x, y = _data(i)
         assert torch.allclose(step(x, y), _eager(ref, opt_ref, x, y), rtol=1e-4, atol=1e-5)
+
+
+def test_the_step_check_allows_eagers_own_thread_variation_and_no_more():
+    """``same_step``: a parameter or momentum buffer off by more than the fixed tolerance fails,
+    unless eager's own step at another thread count is at least half as far off (``spread``);
+    an error beyond twice eager's variation fails even then."""
+    from opsched.adapters.train import clone_training, eager_spread, eager_step, same_step
+    from opsched.specs import TrainingNetwork, make_optimizer
+
+    torch.manual_seed(0)
+    m = Net()
+    net = TrainingNetwork(m, F.cross_entropy, make_optimizer("sgd", m, 0.1))
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+    state = torch.get_rng_state()
+    want = clone_training(net)
+    loss = eager_step(want, x, y)
+    spread = eager_spread(net, x, y, state)
+    assert same_step(spread, want, loss, loss, spread) is None  # eager at another thread count passes
+
+    def off(by: float, spread_by: float | None) -> str | None:
+        got, other = clone_training(want), clone_training(want)
+        with torch.no_grad():
+            got.module.fc.weight.add_(by)
+            if spread_by is not None:
+                other.module.fc.weight.add_(spread_by)
+        return same_step(got, want, loss, loss, other if spread_by is not None else None)
+
+    assert off(1e-3, None) == "fc.weight after one step differs from eager's"
+    assert off(1e-3, 0.6e-3) is None                      # within twice eager's own variation
+    assert off(1e-3, 0.3e-3) == "fc.weight after one step differs from eager's"

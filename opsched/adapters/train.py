@@ -38,9 +38,14 @@ if TYPE_CHECKING:
     from opsched.policies.base import Policy
 
 #: The check of one scheduled step against one eager step: loss, parameters and buffers
-#: elementwise; optimizer state relative to each tensor's largest entry (eager itself moves
-#: momentum buffers by ~1e-4 of their scale between 1 and 2 intra-op threads).
+#: elementwise; optimizer state relative to each tensor's largest entry.  On top of these,
+#: each tensor may differ by twice what eager's own step differs between two intra-op
+#: thread counts (:data:`SPREAD_FACTOR`; measured, zoo models at batch 4, 1 vs 2 threads:
+#: inception's stem weight by 1.7e-4 of its scale, nasnet's momentum buffers by 2%, while
+#: lstm and transformer are bit-identical): a plan's ops run at their own thread counts, so
+#: its step is held to eager's variation, not to a fixed bound that eager fails itself.
 STEP_RTOL, STEP_ATOL, STATE_REL = 1e-4, 1e-5, 1e-3
+SPREAD_FACTOR = 2.0
 
 
 def clone_training(net: TrainingNetwork) -> TrainingNetwork:
@@ -69,30 +74,64 @@ def eager_step(net: TrainingNetwork, x: Any, y: Any) -> torch.Tensor:
     return loss.detach()
 
 
-def _state_close(a: Any, b: Any) -> bool:
+def _spread(want: Any, other: Any) -> float:
+    """How far eager's own two steps (two thread counts) are apart in this tensor (0: not known)."""
+    if not (isinstance(want, torch.Tensor) and isinstance(other, torch.Tensor)) or want.shape != other.shape \
+            or not want.is_floating_point() or not want.numel():
+        return 0.0
+    return SPREAD_FACTOR * float((want.float() - other.float()).abs().max())
+
+
+def _state_close(a: Any, b: Any, c: Any = None) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape:
             return False
         scale = float(b.detach().abs().max()) if b.numel() else 0.0
-        return bool(torch.allclose(a.float(), b.float(), rtol=STEP_RTOL, atol=STEP_ATOL + STATE_REL * scale))
+        atol = STEP_ATOL + STATE_REL * scale + _spread(b, c)
+        return bool(torch.allclose(a.float(), b.float(), rtol=STEP_RTOL, atol=atol))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_state_close(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_state_close(a[k], b[k], c.get(k) if isinstance(c, dict) else None)
+                                            for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_state_close(u, v) for u, v in zip(a, b))
+        cs = list(c) if isinstance(c, (list, tuple)) and len(c) == len(b) else [None] * len(b)
+        return len(a) == len(b) and all(_state_close(u, v, w) for u, v, w in zip(a, b, cs))
     return a == b
 
 
-def same_step(got: TrainingNetwork, want: TrainingNetwork, loss: torch.Tensor, want_loss: torch.Tensor) -> str | None:
-    """Why two networks after one step differ (loss, a parameter or buffer, optimizer state), or None."""
+def same_step(got: TrainingNetwork, want: TrainingNetwork, loss: torch.Tensor, want_loss: torch.Tensor,
+              spread: TrainingNetwork | None = None) -> str | None:
+    """Why two networks after one step differ (loss, a parameter or buffer, optimizer state), or None.
+
+    ``spread``: eager's step from the same state at another intra-op thread count; each tensor
+    may then also differ from ``want`` by :data:`SPREAD_FACTOR` times eager's own difference."""
     if not torch.allclose(loss.float(), want_loss.float(), rtol=STEP_RTOL, atol=STEP_ATOL):
         return f"the loss {float(loss):.6g} differs from eager's {float(want_loss):.6g}"
     mine, theirs = got.module.state_dict(), want.module.state_dict()
+    other = spread.module.state_dict() if spread is not None else {}
     for k, v in theirs.items():
-        if not torch.allclose(mine[k].float(), v.float(), rtol=STEP_RTOL, atol=STEP_ATOL):
+        atol = STEP_ATOL + _spread(v, other.get(k))
+        if not torch.allclose(mine[k].float(), v.float(), rtol=STEP_RTOL, atol=atol):
             return f"{k} after one step differs from eager's"
-    if not _state_close(got.optimizer.state_dict()["state"], want.optimizer.state_dict()["state"]):
+    if not _state_close(got.optimizer.state_dict()["state"], want.optimizer.state_dict()["state"],
+                        spread.optimizer.state_dict()["state"] if spread is not None else None):
         return "the optimizer state after one step differs from eager's"
     return None
+
+
+def eager_spread(net: TrainingNetwork, x: Any, y: Any, rng_state: torch.Tensor) -> TrainingNetwork:
+    """``net`` copied and stepped eagerly at another intra-op thread count (1, or 2 when torch
+    runs one thread), from the random state ``rng_state`` (the same dropout masks as the
+    reference step); the global random state and thread count are left as they were."""
+    copy_ = clone_training(net)
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(rng_state)
+        torch.set_num_threads(2 if threads == 1 else 1)
+        try:
+            eager_step(copy_, x, y)
+        finally:
+            torch.set_num_threads(threads)
+    return copy_
 
 
 class TrainStep(Scheduled):
@@ -179,20 +218,23 @@ class TrainStepAdapter(Adapter):
         return StepRunner(graph, copy_.module, copy_.optimizer).inputs(*self.inputs)
 
     def reference(self, graph: OpGraph, feeds: tuple) -> Any:
-        """One eager step on a copy: (copy after the step, its loss)."""
+        """One eager step on a copy: (copy after the step, its loss, the same step at another thread
+        count: eager's own variation, :func:`same_step`'s ``spread``)."""
         net = clone_training(self.network)
-        return net, eager_step(net, *self.inputs)
+        state = torch.get_rng_state()
+        loss = eager_step(net, *self.inputs)
+        return net, loss, eager_spread(self.network, *self.inputs, state)
 
     def check_run(self, backend: Backend, graph: OpGraph, plan: Plan, feeds: tuple, reference: Any) -> str | None:
         from opsched.importers.torch_step import StepRunner
 
-        want, want_loss = reference
+        want, want_loss, spread = reference
         got = clone_training(self.network)
         runner = StepRunner(graph, got.module, got.optimizer)
         inputs = runner.inputs(*self.inputs)
         with torch.no_grad():
             loss = runner.write_back(backend.execute(graph, plan, inputs), inputs)
-        return same_step(got, want, loss, want_loss)
+        return same_step(got, want, loss, want_loss, spread)
 
     def eager_description(self) -> str:
         return self.label
@@ -284,4 +326,4 @@ def _eager_timer(net: TrainingNetwork, xy: Sequence[Any], threads: int | None) -
 
 
 __all__ = ["STEP_ATOL", "STEP_RTOL", "TrainStep", "TrainStepAdapter", "TrainingNetwork", "clone_training",
-           "eager_step", "make_optimizer", "same_step"]
+           "eager_spread", "eager_step", "make_optimizer", "same_step"]

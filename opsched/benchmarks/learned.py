@@ -38,14 +38,19 @@ K_CURVE = (0, 1, 2, 4, 8)
 def test_pairs(quick: bool = False) -> list[tuple[str, str, str]]:
     """(group, graph spec, machine spec) of the test split: CPU presets x the
     non-placement graphs, GPU presets x every graph, placement graphs
-    reported as their own group, ``local`` x the zoo and Keras graphs."""
+    reported as their own group, ``local`` x the zoo and Keras graphs; the
+    training steps as the group ``step`` on every preset (not on ``local``:
+    its profiled model holds inference ops only unless ``opsched profile
+    --mode train`` ran)."""
     from opsched.agents import splits
 
-    graphs = list(splits.TEST_GRAPHS)
+    steps = list(splits.TEST_STEP_GRAPHS)
+    graphs = [g for g in splits.TEST_GRAPHS if g not in set(steps)]
     if quick:
         graphs = [g for g in graphs if not g.startswith("keras:")][:6] + list(splits.TEST_PLACEMENT_GRAPHS[:1])
+        steps = steps[:1]
     placement = set(splits.TEST_PLACEMENT_GRAPHS)
-    out = []
+    out = [("step", g, m) for m in (*splits.TEST_CPU_MACHINES, *splits.TEST_GPU_MACHINES) for g in steps]
     for m in splits.TEST_CPU_MACHINES:
         out += [("cpu", g, m) for g in graphs if g not in placement]
     for m in splits.TEST_GPU_MACHINES:

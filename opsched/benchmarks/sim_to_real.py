@@ -322,6 +322,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.sim_to_real",
                                  description=doc_summary(__doc__, paragraph=True))
     ap.add_argument("--models", default=",".join(ZOO_MODELS), help="comma-separated zoo models")
+    ap.add_argument("--mode", choices=("infer", "train"), default="infer",
+                    help="train: the models' training steps (train:zoo:NAME@BATCH, SGD; profile them first with "
+                         "`opsched profile --mode train`)")
+    ap.add_argument("--batch", type=int, default=0, help="batch of the graphs (default 1; 4 with --mode train)")
     ap.add_argument("--plans-per-model", type=int, default=24, help="fresh plans per model (at least 20)")
     ap.add_argument("--rounds", type=int, default=0, help="measured rounds: samples per plan (default 5; quick 3)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs before each measurement")
@@ -353,6 +357,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown zoo model(s) {', '.join(unknown)}; choose from {', '.join(ZOO_MODELS)}")
     return args
+
+
+def graph_spec(model: str, args: argparse.Namespace) -> str:
+    """The spec of the graph scored for zoo ``model``: its inference graph or (``--mode train``) its
+    training step (forward, loss, backward, SGD's update), at ``--batch``."""
+    mode, batch = getattr(args, "mode", "infer"), getattr(args, "batch", 0)
+    if mode == "train":
+        return f"train:zoo:{model}@{batch or 4}"
+    return f"zoo:{model}@{batch}" if batch else f"zoo:{model}"
 
 
 def headline_model(machine: Machine, profiles: str | Path) -> PerfModel:
@@ -395,7 +408,7 @@ def evaluate(args: argparse.Namespace, command: str,
     graphs, plans, fresh, status = {}, {}, {}, {}
     for i, m in enumerate(args.models):
         progress(f"{m}: plans", i, total)
-        graphs[m] = load_graph(f"zoo:{m}")
+        graphs[m] = load_graph(graph_spec(m, args))
         plans[m], fresh[m] = evaluation_plans(graphs[m], machine, planning, args.plans_per_model,
                                               fitted_on_digests(graphs[m], machine, args.profiles))
         status[m] = cache_path(graphs[m], machine, args.profiles).is_file()
@@ -406,7 +419,7 @@ def evaluate(args: argparse.Namespace, command: str,
         meas = reuse["measurement"]
     else:
         progress(f"measuring {sum(map(len, plans.values()))} plans", len(args.models), total)
-        meas = measure(machine, {m: GraphRef(f"zoo:{m}") for m in plans}, plans, rounds=args.rounds,
+        meas = measure(machine, {m: GraphRef(graph_spec(m, args)) for m in plans}, plans, rounds=args.rounds,
                        warmup=args.warmup, reps=args.reps, budget_s=args.budget_s, min_rounds=min(3, args.rounds),
                        quiet_cores=args.quiet_cores, settle_s=args.settle_s, max_tries=args.max_tries,
                        on_round=lambda r: progress("measuring", len(args.models) + r, total))
@@ -420,7 +433,8 @@ def evaluate(args: argparse.Namespace, command: str,
         v["profiled"] = status[m]
     runtime = getattr(planning, "runtime", None)
     res.update({
-        "command": command, "machine": f"{machine.cpu.name} ({machine.cpu.cores} cores)", "cores": machine.cpu.cores,
+        "command": command, "graphs": {m: graph_spec(m, args) for m in args.models},
+        "machine": f"{machine.cpu.name} ({machine.cpu.cores} cores)", "cores": machine.cpu.cores,
         "torch": meas.get("torch"), "rounds": meas["rounds"], "warmup": meas["warmup"], "reps": meas["reps"],
         "elapsed_s": time.time() - t0, "quiet_cores": meas["quiet_cores"], "retries": meas["retries"],
         "samples_not_quiet": meas["samples_not_quiet"], "max_tries": meas.get("max_tries"),
