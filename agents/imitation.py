@@ -108,11 +108,15 @@ class Demonstrations:
 def collect(env: Any, pairs: Sequence[tuple[Any, Any]], experts: Sequence[str], demos: Demonstrations,
             learner: Callable[[dict, np.ndarray], int] | None, model: Any = None,
             plans: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
-            keep: float = 1.0, rng: np.random.Generator | None = None) -> list[float]:
+            keep: float = 1.0, rng: np.random.Generator | None = None,
+            teacher: Callable[[Any], SlotPlan] | None = None) -> list[float]:
     """Play one episode per pair (the expert acts when ``learner`` is None) and record
     a random ``keep`` fraction of its states with the expert's label (consecutive
     states are nearly alike: a fraction of many episodes teaches more than all
-    of a few); returns the episodes' returns."""
+    of a few); returns the episodes' returns.  ``teacher(env)``: the expert's
+    slot plan for the env's episode (default: the best of ``experts``,
+    :func:`expert_plan`; training uses the best known plan,
+    :func:`opsched.agents.teachers.teacher_for_env`)."""
     plans = {} if plans is None else plans
     rng = rng if rng is not None else np.random.default_rng(0)
     returns = []
@@ -122,7 +126,7 @@ def collect(env: Any, pairs: Sequence[tuple[Any, Any]], experts: Sequence[str], 
         obs, _ = env.reset(options={"graph": graph, "machine": machine})
         key = (id(graph), id(machine))
         if key not in plans:
-            plans[key] = expert_plan(env, experts, model)
+            plans[key] = teacher(env) if teacher is not None else expert_plan(env, experts, model)
         ep = plans[key]
         demos.episodes.append({k: obs[k] for k in STATIC_KEYS if k in obs})
         e = len(demos.episodes) - 1
@@ -205,20 +209,32 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
                first_episodes: int | None = None, keep: float = 1.0, model: Any = None,
                log: Callable[[str], None] = lambda s: None, should_stop: Callable[[], bool] = lambda: False,
                after_round: Callable[[int, dict[str, float]], None] | None = None,
-               level_weight: float = 0.0, dagger: bool = True) -> list[dict[str, float]]:
+               level_weight: float = 0.0, dagger: bool = True,
+               teacher: Callable[[Any], SlotPlan] | None = None, resume: Any = None,
+               save: Callable[[Any, np.random.Generator, th.optim.Optimizer], None] | None = None
+               ) -> list[dict[str, float]]:
     """DAgger: round 0 the expert plays, later rounds the (greedy) learner plays
     (``dagger=False``: the expert plays every round -- plain behaviour cloning on
-    more and more pairs); every state is labelled by the expert and the policy
-    is refit on all of them.
-    ``after_round(r, stats)`` runs after each round (the trainer evaluates there)."""
-    from opsched.agents.evaluate import policy_actor
+    more and more pairs); every state is labelled by the expert (``teacher(env)``,
+    default the best of ``experts``) and the policy is refit on all of them.
+    ``after_round(r, stats)`` runs after each round (the trainer evaluates there).
 
-    rng = np.random.default_rng(seed)
-    demos = Demonstrations()
+    Resumable (:mod:`opsched.agents.rounds`): ``save(state, rng, optimizer)``
+    runs after every finished round, ``resume`` (a saved
+    :class:`~opsched.agents.rounds.RoundState`, the policy already holding that
+    round's weights) continues at its next round; a round cut short by
+    ``should_stop`` is not saved, so it is played again in full."""
+    from opsched.agents.evaluate import policy_actor
+    from opsched.agents.rounds import RoundState, restore_optimizer
+
+    state = resume if resume is not None else RoundState()
+    rng = state.generator(np.random.default_rng(seed))
+    demos = state.demos
     plans: dict = {}
-    history = []
+    history = state.history
     opt = th.optim.Adam(policy.parameters(), lr=lr)
-    for r in range(rounds):
+    restore_optimizer(opt, state)
+    for r in range(state.next_round, rounds):
         if should_stop():
             break
         t0 = time.time()
@@ -230,15 +246,23 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
         pick = rng.choice(len(pairs), size=min(n_eps, len(pairs)), replace=False)
         chosen = [pairs[i] for i in pick]
         learner = None if (r == 0 or not dagger) else policy_actor(policy)
-        rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng)
+        rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng, teacher)
         stats = fit(policy, demos, steps, lr, batch_size, seed + r, should_stop, opt, level_weight)
         stats.update(round=r, samples=len(demos), played_return=float(np.mean(rets)) if rets else float("nan"),
                      seconds=time.time() - t0)
+        if should_stop():
+            break  # an unfinished round: played again on resume
         history.append(stats)
         log(f"imitation round {r}: {len(demos)} states, accuracy {stats['accuracy']:.3f}, "
             f"return of the {'learner' if learner else 'expert'} {stats['played_return']:.4f}")
-        if after_round is not None and not should_stop():
+        if after_round is not None:
             after_round(r, stats)
+        if should_stop():
+            history.pop()
+            break
+        state.next_round = r + 1
+        if save is not None:
+            save(state, rng, opt)
     return history
 
 

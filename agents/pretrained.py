@@ -12,7 +12,7 @@ from opsched.agents.export import export_run
 from opsched.errors import PolicyError
 
 #: The shipped policy's training run: the default ``opsched train-policy``
-#: configuration (training and held-out sets, PPO hyperparameters, imitation
+#: configuration (training and validation sets, PPO hyperparameters, imitation
 #: warm start from critical-path-first and HEFT) with seed 0.
 PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "n_envs": 2, "seed": 0, "hyperparams": "default"}
 

@@ -2,7 +2,7 @@
 
 Each trial is one ``train()`` run (its own run folder under ``<out>/``) with
 sampled learning rate, entropy coefficient, ``n_steps`` and encoder depth and
-width (a key fixed with ``--set`` is not searched).  The objective is the lowest held-out geometric-mean makespan ratio
+width (a key fixed with ``--set`` is not searched).  The objective is the lowest validation geometric-mean makespan ratio
 against ``critical-path-first`` the trial reached (lower is better); every
 periodic evaluation is reported to the pruner, which can stop a trial early.
 

@@ -34,9 +34,21 @@ def training_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | No
     models = _models(cfg, machines)
     if not cfg.cluster:
         if models is None:
-            return make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
+            focus = None
+            if focuses(cfg):
+                focus = {"shaping": bool(cfg.ppo.get("rl_shaping", False)),
+                         "teacher_steps": int(cfg.ppo.get("teacher_steps", 400)), "seed": cfg.seed}
+            return make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend, focus=focus)
         return _local_profiled(graphs, machines, cfg.max_nodes, cfg.n_envs, models)
     return ray_vec_env(cfg, graphs, machines, run_path)
+
+
+def focuses(cfg: Any) -> bool:
+    """Whether the rollout workers can play the RL phase's chosen pairs
+    (:class:`~opsched.agents.focus.FocusPairs`): local simulator workers on the
+    analytic model; Ray and profiled workers play every training pair."""
+    return (cfg.backend == "sim" and not cfg.cluster and not getattr(cfg, "profiled_machines", None)
+            and cfg.ppo.get("rl_pairs", "all") != "all")
 
 
 def warm_start_env(cfg: Any, graphs: list, machines: list) -> Any:

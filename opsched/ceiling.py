@@ -72,19 +72,19 @@ def _episode_data(graph: OpGraph, machine: Machine, model: Any) -> SimpleNamespa
     return SimpleNamespace(graph=graph, machine=machine, static=static, n=static.n, coarsening=identity(graph))
 
 
-def iterated_local_search(graph: OpGraph, machine: Machine, model: Any, start: Plan, steps: int,
-                          seed: int = 0, restarts: int = 4, kick: int = 6) -> tuple[Plan, float]:
-    """``start`` improved by ``steps`` simulations of local search: a first
-    climb, then ``restarts`` climbs from the best plan with ``kick`` random
-    moves applied (taken whatever they cost), each with an equal share."""
-    from opsched.engine.slots import from_plan, makespan, to_plan
+def iterated_slot_search(data: Any, start: Any, steps: int, rng: np.random.Generator, restarts: int = 4,
+                         kick: int = 6) -> Any:
+    """A :class:`~opsched.engine.slots.SlotPlan` improved by ``steps`` simulations
+    of local search on the episode's slots (``data``): a first climb, then
+    ``restarts`` climbs from the best plan with ``kick`` random moves applied
+    (taken whatever they cost), each with an equal share.  The training
+    teacher (:mod:`opsched.agents.teachers`) searches coarsened episodes with it."""
+    from opsched.engine.slots import makespan
     from opsched.policies.refine import _move, local_search
 
-    data = _episode_data(graph, machine, model)
-    rng = np.random.default_rng(seed)
-    best = from_plan(data, start, "start")
+    best = start.copy()
     if not math.isfinite(makespan(data, best)):
-        return start, float("inf")
+        return best
     share = max(1, steps // (restarts + 1))
     best = local_search(data, best, share, rng)
     for _ in range(restarts):
@@ -97,6 +97,20 @@ def iterated_local_search(graph: OpGraph, machine: Machine, model: Any, start: P
         cand = local_search(data, cand, share, rng)
         if cand.makespan < best.makespan * (1.0 - 1e-12):
             best = cand
+    return best
+
+
+def iterated_local_search(graph: OpGraph, machine: Machine, model: Any, start: Plan, steps: int,
+                          seed: int = 0, restarts: int = 4, kick: int = 6) -> tuple[Plan, float]:
+    """``start`` improved by ``steps`` simulations of local search on the whole
+    graph (:func:`iterated_slot_search`)."""
+    from opsched.engine.slots import from_plan, to_plan
+
+    data = _episode_data(graph, machine, model)
+    best = from_plan(data, start, "start")
+    best = iterated_slot_search(data, best, steps, np.random.default_rng(seed), restarts, kick)
+    if not math.isfinite(best.makespan):
+        return start, float("inf")
     return to_plan(data, best, "local-search"), float(best.makespan)
 
 
@@ -176,4 +190,4 @@ def best_known(graph: OpGraph, machine: Machine, model: Any = None, *,
     return BestKnown(best, spans[source], source, spans, bound, lp, cp_bound, cp_optimal, cp_status, seconds)
 
 
-__all__ = ["BestKnown", "best_known", "iterated_local_search"]
+__all__ = ["BestKnown", "best_known", "iterated_local_search", "iterated_slot_search"]

@@ -27,8 +27,8 @@ TINY = [
     "--set", "max_nodes=32",
     "--set", "train_graphs=layered:20:1,erdos_renyi:24:2",
     "--set", "train_machines=cpu:8:90:40,random:5",
-    "--set", "heldout_graphs=watts_strogatz:20:3",
-    "--set", "heldout_machines=cpu:16:80:100",
+    "--set", "validation_graphs=watts_strogatz:20:3",
+    "--set", "validation_machines=cpu:16:80:100",
     "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
 ]
 
@@ -81,7 +81,7 @@ def test_tiny_run_writes_every_file(tmp_path):
     assert torch.get_num_threads() == 2  # training's own thread count does not leak into the caller
     run = tmp_path / "tiny_1"
     for name in ("config.yaml", "command.txt", "versions.json", "evaluations.csv", "best_model.zip",
-                 "final_model.zip", "learning_curve.png", "heldout_baselines.json"):
+                 "final_model.zip", "learning_curve.png", "validation_baselines.json"):
         assert (run / name).is_file(), name
     assert "train-policy" in (run / "command.txt").read_text()
     versions = json.loads((run / "versions.json").read_text())
@@ -106,18 +106,18 @@ def test_tiny_run_writes_every_file(tmp_path):
     best = min(row["gmean_best"] for row in rows)
     assert json.loads((run / "summary.json").read_text())["best_score"] == pytest.approx(best)
 
-    # TensorBoard: episode return, held-out ratios against each baseline, entropy, losses
+    # TensorBoard: episode return, validation ratios against each baseline, entropy, losses
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("rollout/ep_rew_mean", "heldout/gmean_cpf", "heldout/gmean_heft", "heldout/gmean_sequential",
+    for tag in ("rollout/ep_rew_mean", "validation/gmean_cpf", "validation/gmean_heft", "validation/gmean_sequential",
                 "train/entropy_loss", "train/value_loss", "train/policy_gradient_loss",
-                "imitation/accuracy", "imitation/heldout/gmean_cpf"):
+                "imitation/accuracy", "imitation/validation/gmean_cpf"):
         assert tag in tags, (tag, sorted(tags))
 
-    # the best model loads (tensors only) and schedules a held-out graph into a valid plan
+    # the best model loads (tensors only) and schedules a validation graph into a valid plan
     from opsched.agents.environments import make_env
     from opsched.agents.evaluate import policy_actor, run_episode
     from opsched.machine import get_machine

@@ -24,7 +24,7 @@ from opsched.commands.flags import DEFAULT_RUN_MINUTES, hyperparams_help, typed_
 
 @app.command("train-policy", help=(
     "Train a scheduling policy into <out>/<name>_<N>/ (config, command line, TensorBoard events, "
-    f"checkpoints, held-out evaluations, the exported policy). The default run takes about "
+    f"checkpoints, validation evaluations, the exported policy). The default run takes about "
     f"{DEFAULT_RUN_MINUTES} minutes on 2 cores. Ctrl-C saves a checkpoint; --resume continues it."))
 def train_policy(
     ctx: typer.Context,
@@ -92,11 +92,11 @@ def train_policy(
 
 
 def print_result(run, console: Console) -> None:
-    """The run folder and its latest held-out figures against each baseline."""
+    """The run folder and its latest validation figures against each baseline."""
     latest = run.summary.get("latest") or {}
     table = Table(title=f"{run.path}  (step {run.num_timesteps}"
                         f"{', interrupted' if run.interrupted else ''})")
-    for col in ("held-out ratio vs", "geo-mean", "mean", "worst"):
+    for col in ("validation ratio vs", "geo-mean", "mean", "worst"):
         table.add_column(col)
     for key in sorted(k[len("gmean_"):] for k in latest if k.startswith("gmean_")):
         table.add_row(key.replace("_", "-"), f"{latest[f'gmean_{key}']:.3f}", f"{latest[f'mean_{key}']:.3f}",
