@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from opsched.errors import ExecutionError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.trace import Trace
+
+_B = TypeVar("_B", bound="BackendBase")
 
 
 class BackendBase(ABC):
@@ -43,7 +45,7 @@ class BackendBase(ABC):
         """Release threads, processes and devices (idempotent); nothing to do by default."""
         return None
 
-    def __enter__(self) -> BackendBase:
+    def __enter__(self: _B) -> _B:  # the backend itself, as its own type (OrtBackend.compile ...)
         return self
 
     def __exit__(self, *exc: object) -> None:

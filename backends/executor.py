@@ -61,7 +61,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from heapq import heappop, heappush
 from time import perf_counter
 from typing import Any
@@ -94,7 +94,7 @@ class CompiledPlan:
                  "slots", "serial_order", "free_after", "releases", "readers", "serial_free", "can_free")
 
     def __init__(self, op_ids: Sequence[str], fns: Sequence[Callable[[list], Any]], threads: Sequence[int],
-                 order: Sequence[int], deps: Sequence[Sequence[int]], slots: int,
+                 order: Sequence[int], deps: Sequence[Iterable[int]], slots: int,
                  reads: Sequence[Sequence[int]] | None = None, writes: Sequence[Sequence[int]] | None = None,
                  protected: set[int] | None = None) -> None:
         n = len(op_ids)
@@ -365,11 +365,11 @@ def _worker_main(state: _PoolState, w: int) -> None:
 def _pin(state: _PoolState, w: int, cores: tuple[int, ...] | None) -> None:
     """Pin the calling worker ``w`` to the CPUs of slots ``cores`` (None: unpin
     it, back to every CPU the process started with)."""
-    cmap = state.core_map
-    if cmap is None or state.pins[w] == cores:
+    cmap, allowed = state.core_map, state.allowed
+    if cmap is None or allowed is None or state.pins[w] == cores:  # allowed is set whenever core_map was
         return
     try:
-        os.sched_setaffinity(0, state.allowed if cores is None else {cmap[c] for c in cores})
+        os.sched_setaffinity(0, allowed if cores is None else {cmap[c] for c in cores})
         state.pins[w] = cores
     except (OSError, AttributeError) as exc:  # not permitted here (container, seccomp, macOS)
         state.pin_error = f"{type(exc).__name__}: {exc}"
@@ -398,7 +398,7 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...])
         k = threads[i]
         # The first op a thread runs may reset its intra-op count to the process
         # default, so read it first and set ours whenever it differs.
-        if get_threads is not None and get_threads() != k:
+        if get_threads is not None and set_threads is not None and get_threads() != k:
             set_threads(k)
         if not caller and state.core_map is not None and pins[w] != (cores if pin else None):
             _pin(state, w, cores if pin else None)

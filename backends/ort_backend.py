@@ -65,7 +65,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -121,7 +121,9 @@ class Program:
                  shares: Sequence[tuple[float, float]]) -> None:
         self.graph, self.plan, self.lowering = graph, plan, lowering
         self.segments = tuple(segments)
-        self.lanes = tuple((lane, segs) for lane, segs in enumerate(lowering.lanes) if segs)
+        #: (lane, its segments in run order) for every lane that runs any
+        self.lanes: tuple[tuple[int, tuple[int, ...]], ...] = tuple(
+            (lane, segs) for lane, segs in enumerate(lowering.lanes) if segs)
         self.shares = tuple(shares)  # per op: (start, end) as fractions of its segment's time
         self.outputs = tuple(graph.source.outputs)
         # an event per segment another lane waits for, reused by every run (one run at a time: cleared at its start)
@@ -180,6 +182,7 @@ def _run_lane(prog: Program, run: _Run, segs: Sequence[int], sliced: bool) -> No
         seg = segments[si]
         for w in seg.waits:
             ev = done[w]
+            assert ev is not None  # Program made an event for every segment another one waits for
             if not ev.is_set():
                 if sliced:  # the calling thread: notice a KeyboardInterrupt
                     while not ev.wait(_WAIT_SLICE_S):
@@ -313,13 +316,14 @@ class OrtBackend(BackendBase):
     name = "ort"
     measured = True
 
-    def __init__(self, machine: Machine, model: PerfModel | None = None, spinning: bool | str = "auto",
+    def __init__(self, machine: Machine, model: PerfModel | None = None,
+                 spinning: bool | Literal["auto"] = "auto",
                  cache_size: int = 16, session_cache: int = 2048, pin: bool = True) -> None:
         if spinning not in (True, False, "auto"):
             raise ValueError(f"OrtBackend: spinning must be True, False or 'auto', got {spinning!r}")
         super().__init__(machine)
         self._model = model
-        self.spinning = spinning
+        self.spinning: bool | Literal["auto"] = spinning
         self._programs = IdentityLRU(cache_size)
         self._sessions = IdentityLRU(session_cache)
         #: One run at a time: lanes of two runs queued on the same workers could wait for each other.
@@ -472,13 +476,14 @@ class OrtBackend(BackendBase):
             run.values.update(zip(seg.outputs, outs))
             run.starts[0], run.ends[0] = t0, t1
             return run, t0, t1 - t0
-        before = _pin({self._cpus[lanes[0][0] % len(self._cpus)]}) if self._cpus and len(lanes) > 1 else None
+        first, others = lanes[0], lanes[1:]  # the calling thread runs the first lane, workers the others
+        before = _pin({self._cpus[first[0] % len(self._cpus)]}) if self._cpus and others else None
         t0 = perf_counter()
         try:
-            for lane, segs in lanes[1:]:
+            for lane, segs in others:
                 self._lanes.submit(lane, (prog, run, segs))
                 run.lane_started()
-            _run_lane(prog, run, lanes[0][1], sliced=True)
+            _run_lane(prog, run, first[1], sliced=True)
             run.wait_lanes(sliced=True)
         except KeyboardInterrupt:
             run.fail(-1, KeyboardInterrupt())

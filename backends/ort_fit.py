@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -166,7 +167,7 @@ def fit_ort_runtime(runs: Sequence[RuntimeRun], machine: Machine, perf: PerfMode
         return OrtRuntime(**cur, fitted_on=fitted_on)
 
     def err(vals: Mapping[str, float]) -> float:
-        model = PlanningModel(perf, OrtRuntime(**vals))
+        model = PlanningModel(perf, OrtRuntime(**vals, fitted_on=()))
         return sum(abs(float(np.log(wall_time(r.graph, machine, model, r.plans[p]) / m)))
                    for r, ms in zip(runs, real, strict=True) for p, m in ms)
 
@@ -230,13 +231,14 @@ def ort_plans(graph: OpGraph, machine: Machine, model: PerfModel, n_plans: int =
 
 def calibrate_ort(graph: OpGraph, ref: GraphRef, machine: Machine, perf: PerfModel, *, n_plans: int = 16,
                   rounds: int = 3, warmup: int = 1, reps: int = 3, budget_s: float = 300.0,
-                  cache_dir: str | None = None, on_round: Callable[[int], None] | None = None
+                  cache_dir: str | Path | None = None, on_round: Callable[[int], None] | None = None
                   ) -> tuple[OrtRuntime, list[RuntimeRun]]:
     """Measure plans of ``graph`` on the ``ort`` backend, store them, refit the
     runtime model on every stored ``ort`` record of ``machine`` and save it."""
     from opsched.backends.runtime_fit import load_runtime
 
     old = load_runtime(machine, "ort", cache_dir)
+    assert old is None or isinstance(old, OrtRuntime)  # the registry's runtime model class of "ort"
     lowering_model = PlanningModel(perf, old) if old is not None else perf
     plans = ort_plans(graph, machine, perf, n_plans)
     t0, load0 = time.time(), os.getloadavg()

@@ -211,6 +211,7 @@ def profile_ort(graph: OpGraph, machine: Machine | None = None, threads: Sequenc
                     best = (meter.others_cores, got)
                 if best[0] <= contention_limit:
                     break
+            assert best is not None  # at least one attempt ran: max(1, max_attempts)
             others.append(best[0])
             times, walls = best[1]
             run_s[k] += walls

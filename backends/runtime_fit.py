@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from opsched.cache import profiles_dir
-from opsched.engine.contracts import PerfModel
+from opsched.engine.contracts import PerfModel, RuntimeModel
 from opsched.engine.models.runtime import TorchCPURuntime, cold_weight_bytes
 from opsched.engine.profiles import ProfileError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
+from opsched.trace import Trace
 
 RECORD_FORMAT = "opsched.runtime-measurements/1"
 #: Kinds a framework hands to a multi-threaded library kernel (the by-kind rule).
@@ -50,7 +51,8 @@ QUIET_CORES = 0.3
 
 
 # ====================================================================== plans
-def make_plans(graph: Any, machine: Any, model: Any, n_plans: int = 24, seed: int = 0) -> dict[str, Any]:
+def make_plans(graph: OpGraph, machine: Machine, model: PerfModel, n_plans: int = 24,
+               seed: int = 0) -> dict[str, Plan]:
     """At least ``n_plans`` distinct plans (distinct assignments) for ``graph`` on
     ``machine``, named; ``model`` prices the heuristics' decisions."""
     from opsched.plan import Assignment, Plan
@@ -71,16 +73,16 @@ def make_plans(graph: Any, machine: Any, model: Any, n_plans: int = 24, seed: in
     rank1 = graph.upward_rank_array(t1)
     big = np.asarray(t1) >= np.percentile(t1, 75)
     rng = np.random.default_rng(seed)
-    plans: dict[str, Any] = {}
+    plans: dict[str, Plan] = {}
 
-    def add(name: str, threads: Sequence[int], prio: Sequence[float], after: Sequence[tuple[str, ...]] | None = None
-            ) -> None:
+    def add(name: str, threads: Sequence[int] | np.ndarray, prio: Sequence[float] | np.ndarray,
+            after: Sequence[tuple[str, ...]] | None = None) -> None:
         asg = {op.id: Assignment("cpu", int(threads[i]), float(prio[i]), after[i] if after else ())
                for i, op in enumerate(graph.ops)}
         if all(p.assignments != asg for p in plans.values()):
             plans[name] = Plan.build(graph, machine, asg, policy=name)
 
-    def add_plan(name: str, plan: Any) -> None:
+    def add_plan(name: str, plan: Plan) -> None:
         if all(p.assignments != plan.assignments for p in plans.values()):
             plans[name] = Plan(plan.assignments, plan.graph_fingerprint, plan.machine_fingerprint, name,
                                dict(plan.meta))
@@ -117,7 +119,7 @@ def make_plans(graph: Any, machine: Any, model: Any, n_plans: int = 24, seed: in
     return plans
 
 
-def plan_digest(plan: Any) -> str:
+def plan_digest(plan: Plan) -> str:
     """A short hash of a plan's assignments (what was measured must be what is simulated)."""
     import hashlib
 
@@ -126,7 +128,8 @@ def plan_digest(plan: Any) -> str:
 
 
 
-def simulate(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> dict[str, float]:
+def simulate(graph: OpGraph, machine: Machine, model: PerfModel,
+             plans: Mapping[str, Plan]) -> dict[str, float]:
     """Simulated wall time (seconds) of every plan: the makespan, plus waking
     the calling thread at the end when the model follows the runtime's threads
     (``meta["wake_end_s"]``, as the measured ``wall_s`` includes it)."""
@@ -134,7 +137,8 @@ def simulate(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> 
             for name, t in simulate_traces(graph, machine, model, plans).items()}
 
 
-def simulate_traces(graph: Any, machine: Any, model: Any, plans: Mapping[str, Any]) -> dict[str, Any]:
+def simulate_traces(graph: OpGraph, machine: Machine, model: PerfModel,
+                    plans: Mapping[str, Plan]) -> dict[str, Trace]:
     """The simulated trace of every plan."""
     from opsched.backends.sim import SimBackend
 
@@ -368,7 +372,8 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
     if len(x) < 3 or np.ptp(np.asarray(x, dtype=float)) == 0 or np.ptp(np.asarray(y, dtype=float)) == 0:
         return float("nan")
-    return float(spearmanr(x, y).statistic)
+    # scipy makes its result class at import (_make_tuple_bunch): pyright sees no fields on it
+    return float(spearmanr(x, y).statistic)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def scores(simulated: Sequence[float], measured: Sequence[float]) -> dict[str, float]:
@@ -630,7 +635,7 @@ def runtime_path(machine: Machine, backend: str = "torch-cpu", cache_dir: str | 
 
 
 def load_runtime(machine: Machine, backend: str = "torch-cpu",
-                 cache_dir: str | Path | None = None) -> TorchCPURuntime | None:
+                 cache_dir: str | Path | None = None) -> RuntimeModel | None:
     """The stored runtime model of ``backend`` on ``machine``, or None when none was fitted."""
     from opsched.backends.registry import spec
 

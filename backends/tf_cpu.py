@@ -37,6 +37,9 @@ What TensorFlow lets a caller control, and how a Plan maps onto it
   waits become control dependencies as well.  An op's ``threads`` is thus
   honoured as slots held (what the trace reports), while the threads that
   actually work inside it are the process-wide ``intra`` (``meta['intra_op']``).
+  A plan with ``meta['tf_order']`` gets no slot chains: its pool sizes,
+  placement and ``after`` waits, in TensorFlow's own order (the framework's
+  run at the plan's setting: a candidate a measured choice can time).
 * **Placement.**  ``tf.device`` per node (the GraphDef's device field):
   ``cpu`` -> ``/device:CPU:0``; ``gpu:i`` -> ``/device:GPU:i`` when TF sees
   GPUs, else a logical CPU device (the CPU split with
@@ -85,7 +88,7 @@ from typing import Any
 import numpy as np
 
 from opsched.backends.base import BackendBase
-from opsched.backends.tf_worker import array_to_bytes, bytes_to_array
+from opsched.backends.tf_wire import array_to_bytes, bytes_to_array
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -166,6 +169,7 @@ class _WorkerProc:
     def _read_exact(self, n: int, deadline: float) -> bytes:
         import time
 
+        assert self.proc.stdout is not None  # started with stdout=PIPE
         fd = self.proc.stdout.fileno()
         chunks, got = [], 0
         while got < n:
@@ -201,13 +205,14 @@ class _WorkerProc:
 
     def request(self, header: dict[str, Any], blobs: Sequence[bytes] = (),
                 timeout_s: float = 600.0) -> tuple[dict[str, Any], list[bytes]]:
-        from opsched.backends.tf_worker import write_message
+        from opsched.backends.tf_wire import write_message
 
         if self.proc.poll() is not None:
             raise ExecutionError(f"{self.label} is not running (exit code {self.proc.returncode}). "
                                  f"{self.stderr_tail()}")
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         try:
-            write_message(self.proc.stdin, header, blobs)
+            write_message(self.proc.stdin, header, blobs)  # pyright: ignore[reportArgumentType] - a binary pipe
         except (BrokenPipeError, OSError):
             try:
                 self.proc.wait(timeout=5)
@@ -411,6 +416,15 @@ class TFBackend(BackendBase):
               warmup: int = 0, repeats: int = 0, trace_runs: int = 0,
               return_outputs: bool = False) -> tuple[dict[str, Any], list[np.ndarray]]:
         src = _source(graph)
+        # --- a training step (opsched.importers.tf_step): its variables live in the worker; these
+        # calls train its scratch state (opsched.backends.tf_train)
+        from opsched.backends.tf_train import call as call_step
+        from opsched.backends.tf_train import is_step
+
+        if is_step(graph):
+            return call_step(self, graph, settings, inputs, placement, after, warmup, repeats, trace_runs,
+                             return_outputs)
+        # ---
         w = self._worker(settings)
         key = self._graph_key(graph)
         if key not in w.loaded:
@@ -439,7 +453,8 @@ class TFBackend(BackendBase):
         plan.validate(graph, self.machine)
         _source(graph)
         settings = self.settings_for(graph, plan)
-        chain, _ = self._slot_schedule(graph, plan)
+        # plan.meta["tf_order"]: pool sizes from the plan, order left to TensorFlow (no slot chains)
+        chain, _ = self._slot_schedule(graph, plan) if not plan.meta.get("tf_order") else ({}, 0)
         after = {op.id: sorted(set(chain.get(op.id, ())) | set(plan[op.id].after)) for op in graph.ops}
         placement = {op.id: plan[op.id].device for op in graph.ops}
         return settings, placement, after

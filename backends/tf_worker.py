@@ -23,6 +23,10 @@ Requests:
   (RunMetadata step stats of the traced runs: ``[node, op type, start_ns,
   end_ns, device]``), ``misplaced`` and, if asked, the outputs as blobs;
 * ``{"cmd": "unload", "key"}``: drop a graph and its sessions;
+* training steps (a ``load`` with a ``"step"`` entry, then ``run`` with a
+  ``"state"``, ``state_set``, ``state_get``, ``state_drop``): see
+  :mod:`opsched.backends.tf_step_worker` - the step's variables live in the
+  worker and every run is one training step;
 * ``{"cmd": "quit"}``.
 
 The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and EOF on
@@ -32,69 +36,26 @@ stdin), so it can never outlive the backend that started it.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import os
-import struct
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
+from opsched.backends.tf_wire import (  # noqa: E402,F401 (the protocol; re-exported)
+    MAX_FRAME,
+    ChannelClosed,
+    array_to_bytes,
+    bytes_to_array,
+    read_exact,
+    read_message,
+    write_message,
+)
 from opsched.lru import IdentityLRU
 
-_LEN = struct.Struct("<Q")
-MAX_FRAME = 1 << 34  # 16 GiB: anything larger is a corrupt stream, not a model
 
-
-class ChannelClosed(EOFError):
-    """The other end closed the pipe (or died)."""
-
-
-# ----------------------------------------------------------------- framing
-def write_message(out: BinaryIO, header: dict[str, Any], blobs: Sequence[bytes] = ()) -> None:
-    body = json.dumps({**header, "nblobs": len(blobs)}).encode()
-    for frame in (body, *blobs):
-        out.write(_LEN.pack(len(frame)))
-        out.write(frame)
-    out.flush()
-
-
-def read_exact(inp: BinaryIO, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = inp.read(n)
-        if not chunk:
-            raise ChannelClosed("pipe closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_message(inp: BinaryIO) -> tuple[dict[str, Any], list[bytes]]:
-    def frame() -> bytes:
-        (n,) = _LEN.unpack(read_exact(inp, _LEN.size))
-        if n > MAX_FRAME:
-            raise ValueError(f"frame of {n} bytes: corrupt stream")
-        return read_exact(inp, n)
-
-    header = json.loads(frame().decode())
-    return header, [frame() for _ in range(int(header.get("nblobs", 0)))]
-
-
-def array_to_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
-
-
-def bytes_to_array(b: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(b), allow_pickle=False)
-
-
-# ------------------------------------------------------------------ worker
 class _Worker:
     """Holds the loaded graphs and a small cache of sessions, one per placement."""
 
@@ -116,6 +77,9 @@ class _Worker:
         self.graphs: dict[str, tuple[Any, list[str], list[str], bool]] = {}
         # (graph key, placement, after) -> (session, callable); an evicted session is closed
         self.sessions = IdentityLRU(self.MAX_SESSIONS, on_evict=lambda _key, entry: entry[0].close())
+        from opsched.backends.tf_step_worker import StepGraphs
+
+        self.steps = StepGraphs(self)  # training steps: variables and state (opsched.backends.tf_step_worker)
 
     def hello(self) -> dict[str, Any]:
         return {"ok": True, "pid": os.getpid(), "tf_version": self.tf.__version__, "inter": self.inter,
@@ -140,7 +104,9 @@ class _Worker:
     def load(self, header: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
         from tensorflow.core.framework import graph_pb2
 
-        gd = graph_pb2.GraphDef()
+        if header.get("step") is not None:  # a training step: its variables live in this worker
+            return self.steps.load(header, blobs)
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.ParseFromString(blobs[0])
         self.graphs[header["key"]] = (gd, list(header["feeds"]), list(header["fetches"]),
                                       bool(header.get("arithmetic", False)))
@@ -148,9 +114,26 @@ class _Worker:
 
     def unload(self, key: str) -> dict[str, Any]:
         self.graphs.pop(key, None)
-        for skey in [k for k in self.sessions.keys() if k[0] == key]:
+        self.steps.unload(key)
+        for skey in [k for k in self.sessions.keys() if isinstance(k, tuple) and k[0] == key]:
             self.sessions.pop(skey)  # closes it
         return {"ok": True}
+
+    def session_config(self, arithmetic: bool) -> Any:
+        """The ConfigProto of every session of this worker: its pool sizes and devices."""
+        tf = self.tf
+        from tensorflow.core.protobuf import rewriter_config_pb2
+
+        rewrite = rewriter_config_pb2.RewriterConfig()
+        if not arithmetic:
+            # Its rewrites move work across op boundaries (hoisting a Relu over a
+            # Concat, Add(x, x) -> Mul): step stats would no longer belong to the op named.
+            rewrite.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
+        return tf.compat.v1.ConfigProto(
+            inter_op_parallelism_threads=self.inter, intra_op_parallelism_threads=self.intra,
+            device_count={"CPU": self.cpu_devices}, allow_soft_placement=True,
+            graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite),
+        )
 
     def _session(self, key: str, placement: dict[str, str], after: dict[str, list[str]]) -> tuple[Any, Any]:
         skey = (key, tuple(sorted(placement.items())), tuple(sorted((k, tuple(v)) for k, v in after.items())))
@@ -159,10 +142,9 @@ class _Worker:
             return hit
         tf = self.tf
         from tensorflow.core.framework import graph_pb2
-        from tensorflow.core.protobuf import rewriter_config_pb2
 
         base, feeds, fetches, arithmetic = self.graphs[key]
-        gd = graph_pb2.GraphDef()
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.CopyFrom(base)
         nodes = {n.name: n for n in gd.node}
         for name, dev in placement.items():
@@ -175,17 +157,7 @@ class _Worker:
         graph = tf.Graph()
         with graph.as_default():
             tf.graph_util.import_graph_def(gd, name="")
-        rewrite = rewriter_config_pb2.RewriterConfig()
-        if not arithmetic:
-            # Its rewrites move work across op boundaries (hoisting a Relu over a
-            # Concat, Add(x, x) -> Mul): step stats would no longer belong to the op named.
-            rewrite.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
-        config = tf.compat.v1.ConfigProto(
-            inter_op_parallelism_threads=self.inter, intra_op_parallelism_threads=self.intra,
-            device_count={"CPU": self.cpu_devices}, allow_soft_placement=True,
-            graph_options=tf.compat.v1.GraphOptions(rewrite_options=rewrite),
-        )
-        sess = tf.compat.v1.Session(graph=graph, config=config)
+        sess = tf.compat.v1.Session(graph=graph, config=self.session_config(arithmetic))
         feed_t = [graph.get_tensor_by_name(n) for n in feeds]
         fetch_t = [graph.get_tensor_by_name(n) for n in fetches]
         fn = sess.make_callable(fetch_t, feed_list=feed_t, accept_options=True)
@@ -195,6 +167,8 @@ class _Worker:
     def run(self, header: dict[str, Any], blobs: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
         tf = self.tf
         key = header["key"]
+        if key in self.steps:
+            return self.steps.run(header, blobs)
         if key not in self.graphs:
             return {"ok": False, "error": f"graph {key!r} is not loaded in this worker"}, []
         placement = dict(header.get("placement", {}))
@@ -214,23 +188,32 @@ class _Worker:
             md = tf.compat.v1.RunMetadata()
             opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
             outputs = fn(*feeds, options=opts, run_metadata=md)
-            events = []
-            for dev in md.step_stats.dev_stats:
-                short = dev.device.rsplit("device:", 1)[-1]
-                for ns in dev.node_stats:
-                    start = ns.all_start_nanos or ns.all_start_micros * 1000
-                    end = start + (ns.op_end_rel_nanos or ns.op_end_rel_micros * 1000)
-                    label = ns.timeline_label
-                    op_type = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
-                    events.append([ns.node_name, op_type, int(start), int(end), short])
-                    want = placement.get(ns.node_name)
-                    if want is not None and not self.device_name(want).endswith(short):
-                        misplaced[ns.node_name] = short
+            events, wrong = self.step_events(md, placement)
+            misplaced.update(wrong)
             traces.append(events)
         if outputs is None:  # nothing ran: run once so outputs can be returned
             outputs = fn(*feeds)
         out_blobs = [array_to_bytes(np.asarray(o)) for o in outputs] if header.get("return_outputs") else []
         return {"ok": True, "wall_s": walls, "traces": traces, "misplaced": misplaced}, out_blobs
+
+
+    def step_events(self, md: Any, placement: dict[str, str], prefix: str = "") -> tuple[list[list[Any]], dict]:
+        """A traced run's step stats as ``[node, op type, start_ns, end_ns, device]`` (node names with
+        ``prefix`` removed; nodes outside it are kept as they are) and the nodes not where placed."""
+        events, misplaced = [], {}
+        for dev in md.step_stats.dev_stats:
+            short = dev.device.rsplit("device:", 1)[-1]
+            for ns in dev.node_stats:
+                start = ns.all_start_nanos or ns.all_start_micros * 1000
+                end = start + (ns.op_end_rel_nanos or ns.op_end_rel_micros * 1000)
+                label = ns.timeline_label
+                op_type = label.split(" = ", 1)[1].split("(", 1)[0] if " = " in label else ""
+                node = ns.node_name.removeprefix(prefix) if prefix else ns.node_name
+                events.append([node, op_type, int(start), int(end), short])
+                want = placement.get(node)
+                if want is not None and not self.device_name(want).endswith(short):
+                    misplaced[node] = short
+        return events, misplaced
 
 
 def _die_with_parent(parent: int) -> None:
@@ -284,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reply, out = worker.unload(str(header.get("key"))), []
             elif cmd == "run":
                 reply, out = worker.run(header, blobs)
+            elif cmd in ("state_set", "state_get", "state_drop"):
+                reply, out = worker.steps.handle(cmd, header, blobs)
             else:
                 reply, out = {"ok": False, "error": f"unknown command {cmd!r}"}, []
         except Exception as exc:  # noqa: BLE001 - the parent turns this into an ExecutionError

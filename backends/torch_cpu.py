@@ -211,7 +211,7 @@ class TorchCPUBackend(BackendBase):
         )
 
     # ------------------------------------------------------------------ run
-    def run(self, graph: OpGraph, plan: Plan, inputs: tuple | None = None) -> Trace:
+    def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any] | None = None) -> Trace:
         """Execute ``plan`` on ``inputs`` (default: the graph's example inputs)
         and return the measured trace."""
         cp = self.compile(graph, plan)

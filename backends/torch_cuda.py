@@ -934,12 +934,13 @@ class TorchCUDABackend(BackendBase):
             return got
 
     # ------------------------------------------------------------------ run
-    def run(self, graph: OpGraph, plan: Plan, inputs: tuple | None = None) -> Trace:
+    def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any] | None = None) -> Trace:
         """Execute ``plan`` on ``inputs`` (default: the graph's example inputs) and
         return the measured trace (per-op CUDA-event timings)."""
         cp = self.compile(graph, plan)
         src = graph.source
         _, timing = self._execute(cp, tuple(src.example_inputs if inputs is None else inputs), timing=True)
+        assert timing is not None  # _execute(timing=True) returns the timing
         return self._trace(cp, timing)
 
     def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
@@ -980,6 +981,7 @@ class TorchCUDABackend(BackendBase):
         host_times: dict[int, tuple[float, float]] = {}
         failed: BaseException | None = None
         failed_op = -1
+        t_a = t_b = t0 = 0.0  # set in the try; read below only when it did not raise
         try:
             for d in gpus:
                 api.synchronize(d)

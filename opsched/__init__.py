@@ -6,6 +6,8 @@ The core types live here; the subpackages hold the rest:
 and ``opsched.policies`` (heuristic baselines and the exported learned policy).
 """
 
+from typing import TYPE_CHECKING
+
 import opsched.envs  # noqa: E402,F401  (registers the Gymnasium ids; skipped without gymnasium)
 from opsched.errors import (
     ExecutionError,
@@ -20,6 +22,11 @@ from opsched.graph import OP_KINDS, Edge, Op, OpGraph
 from opsched.machine import PRESETS, Device, Link, Machine, get_machine
 from opsched.plan import Assignment, Plan
 from opsched.trace import Trace, TraceEvent
+
+if TYPE_CHECKING:  # imported on first use at run time (``__getattr__``); named here for type checkers
+    from opsched.adapters.torch import ScheduledModule
+    from opsched.scheduled import apply
+    from opsched.training import train_step
 
 __version__ = "0.1.0"
 

@@ -28,13 +28,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
+
+if TYPE_CHECKING:
+    from opsched.engine.slots import SlotPlan
 
 
 @dataclass
@@ -63,7 +67,7 @@ class BestKnown:
         return self.makespan_s / self.lower_bound_s if self.lower_bound_s > 0 else float("nan")
 
 
-def _episode_data(graph: OpGraph, machine: Machine, model: Any) -> SimpleNamespace:
+def _episode_data(graph: OpGraph, machine: Machine, model: PerfModel | None) -> SimpleNamespace:
     """The few fields local search reads from an episode, for the whole graph."""
     from opsched.engine.coarsen import identity
     from opsched.engine.sim import prepare
@@ -72,8 +76,8 @@ def _episode_data(graph: OpGraph, machine: Machine, model: Any) -> SimpleNamespa
     return SimpleNamespace(graph=graph, machine=machine, static=static, n=static.n, coarsening=identity(graph))
 
 
-def iterated_slot_search(data: Any, start: Any, steps: int, rng: np.random.Generator, restarts: int = 4,
-                         kick: int = 6) -> Any:
+def iterated_slot_search(data: SimpleNamespace, start: SlotPlan, steps: int, rng: np.random.Generator,
+                         restarts: int = 4, kick: int = 6) -> SlotPlan:
     """A :class:`~opsched.engine.slots.SlotPlan` improved by ``steps`` simulations
     of local search on the episode's slots (``data``): a first climb, then
     ``restarts`` climbs from the best plan with ``kick`` random moves applied
@@ -100,7 +104,7 @@ def iterated_slot_search(data: Any, start: Any, steps: int, rng: np.random.Gener
     return best
 
 
-def iterated_local_search(graph: OpGraph, machine: Machine, model: Any, start: Plan, steps: int,
+def iterated_local_search(graph: OpGraph, machine: Machine, model: PerfModel | None, start: Plan, steps: int,
                           seed: int = 0, restarts: int = 4, kick: int = 6) -> tuple[Plan, float]:
     """``start`` improved by ``steps`` simulations of local search on the whole
     graph (:func:`iterated_slot_search`)."""
@@ -114,7 +118,7 @@ def iterated_local_search(graph: OpGraph, machine: Machine, model: Any, start: P
     return to_plan(data, best, "local-search"), float(best.makespan)
 
 
-def best_known(graph: OpGraph, machine: Machine, model: Any = None, *,
+def best_known(graph: OpGraph, machine: Machine, model: PerfModel | None = None, *,
                policies: Sequence[str] | None = None, learned: bool = True, cpsat_s: float = 10.0,
                cpsat_max_ops: int = 200, search_trials: int = 500, local_steps: int = 2000,
                seed: int = 0) -> BestKnown:
@@ -152,7 +156,7 @@ def best_known(graph: OpGraph, machine: Machine, model: Any = None, *,
         seconds["learned"] = time.perf_counter() - t0
 
     def best_so_far() -> str:
-        return min(spans, key=spans.get)
+        return min(spans, key=spans.__getitem__)
 
     t0 = time.perf_counter()
     lp = allocation_lp_bound(graph, machine, model)

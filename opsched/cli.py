@@ -46,9 +46,10 @@ def main() -> None:
     except Exception as exc:
         # Usage errors (bad option, missing argument) know how to show themselves;
         # matched by behaviour because typer may or may not bring click along.
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
 
 

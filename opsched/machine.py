@@ -510,33 +510,10 @@ def _scalar(value: Any) -> str:
 
 
 def _probe_cpu() -> tuple[int, int, int, str]:
-    """(usable logical CPUs, usable physical cores, sockets, model name).
+    """(usable logical CPUs, usable physical cores, sockets, model name): :func:`opsched.timing.cpu_topology`."""
+    from opsched.timing import cpu_topology
 
-    The one reader of ``/proc/cpuinfo`` (psutil counts cores but does not say
-    which core of which socket a CPU is, which the affinity-aware count needs)."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        allowed = list(range(os.cpu_count() or 1))
-    model = platform.processor() or "cpu"
-    cores: set[tuple[str, str]] = set()
-    sockets: set[str] = set()
-    try:
-        blocks = Path("/proc/cpuinfo").read_text().strip().split("\n\n")
-        for block in blocks:
-            info = dict(
-                (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines())
-            )
-            if int(info.get("processor", -1)) not in allowed:
-                continue
-            model = info.get("model name", model)
-            phys = info.get("physical id", "0")
-            sockets.add(phys)
-            cores.add((phys, info.get("core id", info.get("processor", "0"))))
-    except (OSError, ValueError):
-        pass
-    physical = len(cores) or len(allowed)
-    return len(allowed), physical, max(1, len(sockets)), model
+    return cpu_topology()
 
 
 #: Sampling window of :func:`sample_busy_cores`, and the share of a core other work must keep

@@ -21,12 +21,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.plan import Plan
 from opsched.timing import interleave
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import Backend
 
 #: Candidates ``opsched.apply`` times by default, warm-up calls and timed rounds each.
 DEFAULT_TOP, WARMUP, REPEATS = 3, 1, 5
@@ -61,11 +64,19 @@ def shortlist(candidates: Mapping[str, tuple[Plan, float]], top: int,
     return out
 
 
-def plan_timer(backend: Any, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Callable[[], float]:
+@runtime_checkable
+class SelfTimed(Protocol):
+    """A backend with its own clock (the TensorFlow worker times inside its process)."""
+
+    def time_plan(self, graph: OpGraph, plan: Plan, repeats: int = 10, warmup: int = 2,
+                  inputs: Sequence[Any] | None = None) -> list[float]: ...
+
+
+def plan_timer(backend: Backend, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Callable[[], float]:
     """A callable returning the seconds of one run of ``plan`` on ``backend``:
-    the backend's own clock when it has one (``time_plan``: the TensorFlow
+    the backend's own clock when it has one (:class:`SelfTimed`: the TensorFlow
     worker times inside its process), else the wall clock around ``execute``."""
-    if hasattr(backend, "time_plan"):
+    if isinstance(backend, SelfTimed):
         return lambda: float(backend.time_plan(graph, plan, repeats=1, warmup=0, inputs=list(inputs))[0])
 
     def once() -> float:
@@ -79,7 +90,7 @@ def plan_timer(backend: Any, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) 
     return once
 
 
-def choose_measured(backend: Any, graph: OpGraph, candidates: Mapping[str, tuple[Plan, float]],
+def choose_measured(backend: Backend, graph: OpGraph, candidates: Mapping[str, tuple[Plan, float]],
                     inputs: Sequence[Any], top: int = DEFAULT_TOP, warmup: int = WARMUP,
                     repeats: int = REPEATS, always: Sequence[str] = (BASELINE,),
                     wrap: Callable[[Callable[[], float]], Callable[[], float]] | None = None) -> Plan:
@@ -109,7 +120,7 @@ def choose_measured(backend: Any, graph: OpGraph, candidates: Mapping[str, tuple
         raise error
     timings = interleave(timers, warmup=max(0, warmup - 1), repeats=max(1, repeats))
     medians = {k: timings.median(k) for k in timers}
-    best = min(medians, key=medians.get)
+    best = min(medians, key=medians.__getitem__)
     plan = short[best]
     meta = {**plan.meta, "chosen": best, "model_choice": model_choice, "measured": medians,
             "measured_load": timings.load_record(),
@@ -117,4 +128,5 @@ def choose_measured(backend: Any, graph: OpGraph, candidates: Mapping[str, tuple
     return Plan(plan.assignments, plan.graph_fingerprint, plan.machine_fingerprint, plan.policy, meta)
 
 
-__all__ = ["BASELINE", "DEFAULT_TOP", "REPEATS", "WARMUP", "choose_measured", "plan_timer", "shortlist"]
+__all__ = ["BASELINE", "DEFAULT_TOP", "REPEATS", "WARMUP", "SelfTimed", "choose_measured", "plan_timer",
+           "shortlist"]

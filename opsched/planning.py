@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsched.engine.contracts import PerfModel
 from opsched.errors import OpschedError
@@ -23,6 +23,9 @@ from opsched.graph import OpGraph
 from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
+
+if TYPE_CHECKING:
+    from opsched.policies import Policy
 
 #: ``--perf-model`` choices.
 PERF_MODELS = ("auto", "analytic", "fitted")
@@ -110,7 +113,7 @@ def describe(model: PerfModel) -> str:
     return words.get(model.name, model.name)
 
 
-def resolve_policy(policy: Any) -> Any:
+def resolve_policy(policy: Policy | str | Path | None) -> Policy:
     """A Policy as is; ``None`` the shipped pretrained policy; a Path an exported
     policy folder; a string a registered name (``"critical-path-first"``) or an
     exported policy's path."""
@@ -126,7 +129,7 @@ def resolve_policy(policy: Any) -> Any:
     return get_policy(str(policy))
 
 
-def policy_key(policy: Any) -> str:
+def policy_key(policy: Policy) -> str:
     """What identifies a policy's decisions in the plan cache."""
     digest = getattr(policy, "digest", None)
     return f"{policy.name}:{digest}" if digest else policy.name
@@ -135,7 +138,7 @@ def policy_key(policy: Any) -> str:
 _PLANS = IdentityLRU(64)
 
 
-def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
+def plan_cached(policy: Policy, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
     """``policy.plan(graph, machine, model)``, cached by policy, graph and
     machine fingerprint and the model's name."""
     found = candidates_cached(policy, graph, machine, model)
@@ -146,18 +149,19 @@ def plan_cached(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel 
     return _PLANS.get_or_make(("plan", *_key(policy, graph, machine, model)), lambda: policy.plan(graph, machine, model))
 
 
-def candidates_cached(policy: Any, graph: OpGraph, machine: Machine,
+def candidates_cached(policy: Policy, graph: OpGraph, machine: Machine,
                       model: PerfModel | None = None) -> dict[str, tuple[Plan, float]] | None:
     """``policy.plan_candidates(graph, machine, model)`` (every plan the learned
     policy chose among, with its predicted makespan), cached like
     :func:`plan_cached`; None for a policy that plans one way only (a heuristic)."""
-    if not hasattr(policy, "plan_candidates"):
+    plan_candidates = getattr(policy, "plan_candidates", None)  # the exported learned policy's
+    if plan_candidates is None:
         return None
     return _PLANS.get_or_make(("candidates", *_key(policy, graph, machine, model)),
-                              lambda: policy.plan_candidates(graph, machine, model))
+                              lambda: plan_candidates(graph, machine, model))
 
 
-def _key(policy: Any, graph: OpGraph, machine: Machine, model: PerfModel | None) -> tuple:
+def _key(policy: Policy, graph: OpGraph, machine: Machine, model: PerfModel | None) -> tuple:
     return (policy_key(policy), graph.fingerprint(), machine.fingerprint(), getattr(model, "name", None))
 
 

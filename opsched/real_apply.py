@@ -113,7 +113,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
               save_plan: Path | None = None, perf_model: str = "auto",
               on_call: Callable[[int, int], None] | None = None, runtime: Any = None,
               measure: int | None = None, mode: str = "infer", optimizer: str = "sgd",
-              lr: float | None = None) -> ApplyResult:
+              lr: float | None = None, memory_limit: float | None = None) -> ApplyResult:
     """Everything ``opsched apply`` does, returning the figures (see the module docstring).
 
     ``runtime``: an open backend to reuse (its machine is the one planned for);
@@ -122,8 +122,9 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     (``opsched.apply``'s ``measure``; None: its default).  ``mode``: ``infer``
     (the network's inference) or ``train`` (its training step with
     ``optimizer`` at ``lr``, :func:`opsched.training.load_training`; the rows
-    are eager steps at torch's default threads and at one thread, then the
-    scheduled steps, each on its own copy of the model)."""
+    are eager steps at torch's default threads and at one thread - for a
+    Keras model TensorFlow's default and recommended settings - then the
+    scheduled steps, each on its own copy of the model's state)."""
     from opsched.measured import DEFAULT_TOP
     from opsched.plan import Plan
     from opsched.planning import describe, resolve_policy
@@ -138,11 +139,11 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     pol = resolve_policy(policy) if saved is None else None  # a broken policy file: an error now, not after an import
     graph = None
     if mode == "train":
-        from opsched.training import load_training
+        from opsched.specs import load_training
 
         net, x, y = load_training(model_spec, batch, width, optimizer=optimizer, lr=lr)
         first = x[0] if isinstance(x, (tuple, list)) else x
-        network, inputs, framework = net, (x, y), "torch-train"
+        network, inputs, framework = net, (x, y), framework_of(net)  # torch-train or keras-train
         net_batch = batch = int(first.shape[0]) if getattr(first, "ndim", 0) else batch
     else:
         loaded = load_model(model_spec, batch, width)
@@ -166,7 +167,7 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
     for key, p, plan in (("critical-path-first", "critical-path-first", None), ("policy", pol, saved)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ScheduleFallbackWarning)
-            sm = schedule(prepared, p, plan=plan, measure=top if key == "policy" else 0)
+            sm = schedule(prepared, p, plan=plan, measure=top if key == "policy" else 0, memory_limit=memory_limit)
         if sm.fallback is not None:
             fallbacks[key] = sm.fallback.detail or "; ".join(str(w.message) for w in caught)
             reasons[key] = sm.fallback.reason.value
@@ -191,9 +192,10 @@ def run_apply(model_spec: str, policy: str | None = None, *, backend: str = "aut
         configs[key] = Config(adapter.timer(sm, prepared.feeds),
                               describe_plan(sm.plan) if sm.scheduled else f"eager (fallback: {sm.fallback_reason})",
                               same)
-    worker_pids = getattr(be, "worker_pids", None)
+    from opsched.engine.contracts import WorkerProcesses
+
     timings = interleave({k: c.timer for k, c in configs.items()}, warmup, repeats,
-                         pids=worker_pids() if callable(worker_pids) else (), on_call=on_call)
+                         pids=be.worker_pids() if isinstance(be, WorkerProcesses) else (), on_call=on_call)
 
     import statistics
 

@@ -50,6 +50,7 @@ from opsched.adapters.base import (
     FallbackReason,
     Scheduled,
     ScheduleFallbackWarning,
+    merged_meta,
     outputs_equal,
 )
 from opsched.engine.contracts import Backend, PerfModel
@@ -70,7 +71,8 @@ AUTO = "auto"
 #: column), and on ``ort`` a plan the model does not predict faster than ONNX Runtime's own
 #: sequential run is replaced by it - when onnx and onnxruntime import and the module
 #: exports to ONNX with outputs that match the module's, else ``torch-cpu``.
-AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",), "torch-train": ("torch-cpu",)}
+AUTO_BY_FRAMEWORK = {"torch": ("ort", "torch-cpu"), "keras": ("tf",), "onnx": ("ort",), "torch-train": ("torch-cpu",),
+                     "keras-train": ("tf",)}
 
 _BACKENDS: dict[tuple[str, str], Backend] = {}
 _LOCK = threading.Lock()
@@ -99,12 +101,15 @@ def shared_backend(name: str, machine: Machine) -> Backend:
 
 
 def framework_of(network: Any) -> str:
-    """``torch``, ``keras``, ``onnx`` or ``torch-train`` (a training step; TypeError for anything else)."""
+    """``torch``, ``keras``, ``onnx``, or ``torch-train`` / ``keras-train`` (a training step; TypeError
+    for anything else)."""
     from opsched.adapters.onnx import is_onnx_model
     from opsched.specs import is_keras
 
     if type(network).__name__ == "TrainingNetwork":
         return "torch-train"
+    if type(network).__name__ == "KerasTrainingNetwork":
+        return "keras-train"
     if is_keras(network):
         return "keras"
     if is_onnx_model(network):
@@ -136,9 +141,10 @@ def resolve_backend(choice: str, framework: str, what: str = "the model") -> tup
     if framework not in spec.frameworks():
         fits = [n for n in choices[1:] if framework in BACKENDS[n].frameworks()]
         kind = {"torch": "a PyTorch model", "keras": "a Keras model", "onnx": "an ONNX model",
-                "torch-train": "a PyTorch training step"}
-        runs = " and ".join({"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step"}[f]
-                            for f in spec.frameworks())
+                "torch-train": "a PyTorch training step", "keras-train": "a Keras training step"}
+        runs = " and ".join(dict.fromkeys(  # a Keras training step is a Keras model's: "runs Keras models"
+            {"torch": "PyTorch", "keras": "Keras", "onnx": "ONNX", "torch-train": "PyTorch training step",
+             "keras-train": "Keras"}[f] for f in spec.frameworks()))
         raise OpschedError(f"backend {choice} runs {runs} models, but {what} is {kind[framework]}; use "
                            f"{' or '.join(fits)} (or auto)")
     return (choice,)
@@ -247,11 +253,13 @@ def _import(adapter: Adapter, name: str, machine: Machine, model: PerfModel, gra
 
 # ---------------------------------------------------------------- schedule
 def schedule(prepared: Prepared, policy: Policy | str | Path | None = None, *, plan: Plan | None = None,
-             verify: bool = True, measure: int = DEFAULT_TOP, warn: bool = True) -> Scheduled:
+             verify: bool = True, measure: int = DEFAULT_TOP, warn: bool = True,
+             memory_limit: float | None = None) -> Scheduled:
     """Steps 2-6 of the module docstring for one policy (or a saved ``plan``) on a prepared network.
 
-    A saved plan made for another graph or machine, like a broken policy file
-    given as a path, is an argument error (raised); everything else falls back."""
+    ``memory_limit``: bytes of activations a plan may keep alive at once (default: the
+    machine's memory; see :func:`fit_memory`).  A saved plan made for another graph or
+    machine is an argument error (raised); everything else falls back."""
     pol: Policy | None = None
     if plan is None:
         try:
@@ -276,6 +284,9 @@ def schedule(prepared: Prepared, policy: Policy | str | Path | None = None, *, p
             chosen = plan_cached(pol, graph, machine, model)
             chosen.validate(graph, machine)
             chosen, found = adapter.choose(graph, chosen, found, machine, model, pol)
+            chosen, found = fit_memory(graph, machine, model, chosen, found, memory_limit)
+        except MemoryCapError as exc:
+            return prepared.eager(Fallback(FallbackReason.MEMORY, str(exc)), pol, warn=warn)
         except (OpschedError, ValueError) as exc:
             return prepared.eager(Fallback(FallbackReason.PLAN, f"the policy cannot plan this graph: {exc}"), pol,
                                   warn=warn)
@@ -293,8 +304,70 @@ def schedule(prepared: Prepared, policy: Policy | str | Path | None = None, *, p
         return prepared.eager(Fallback(FallbackReason.RUN_FAILED, f"the scheduled run failed: {exc}"), pol, chosen,
                               warn=warn)
     out = adapter.wrap(graph, chosen, machine, pol, be, None, prepared.feeds)
+    if plan is None and measure >= 2:
+        t2 = time.perf_counter()
+        why = adapter.against_framework(out)
+        plan_s = (plan_s or 0.0) + time.perf_counter() - t2
+        if why is not None:  # the framework's own run was faster here: run it (saying so)
+            eager = prepared.eager(why, pol, chosen, warn=warn)
+            eager.plan_s = plan_s
+            return eager
     out.plan_s = plan_s
     return out
+
+
+class MemoryCapError(OpschedError):
+    """No plan of the network fits the memory cap (the message gives the bytes)."""
+
+
+def memory_cap(machine: Machine, memory_limit: float | None = None) -> float:
+    """The cap a plan's live activations must stay under: ``memory_limit`` or the CPU's memory
+    (``memory_gb``; no cap where the machine does not say)."""
+    if memory_limit is not None:
+        return float(memory_limit)
+    gb = machine.cpu.memory_gb
+    return gb * 1e9 if gb and gb > 0 else float("inf")
+
+
+def fit_memory(graph: OpGraph, machine: Machine, model: PerfModel, chosen: Plan,
+               found: dict[str, tuple[Plan, float]] | None, memory_limit: float | None = None
+               ) -> tuple[Plan, dict[str, tuple[Plan, float]] | None]:
+    """Keep the plan (and the candidates to time) within the memory cap.
+
+    Co-running keeps more activations alive than running one op after another (a
+    training step most: every forward activation lives until its backward op).  The
+    simulator counts each op's output bytes from its start until its last reader ends
+    (:meth:`~opsched.engine.sim.Simulator.peak_bytes`); a plan over the cap is replaced by
+    the fastest candidate under it, else by the sequential plan, else
+    :class:`MemoryCapError` (the network then runs eagerly, saying so)."""
+    from opsched.engine.sim import Simulator
+
+    cap = memory_cap(machine, memory_limit)
+    if cap == float("inf"):
+        return chosen, found
+    sim = Simulator(machine, model)
+    peak = sim.peak_bytes(graph, chosen)
+    fits = {k: v for k, v in (found or {}).items() if sim.peak_bytes(graph, v[0]) <= cap}
+    if peak <= cap:
+        return chosen, (fits or None) if found is not None else None
+    if fits:
+        best = min(fits, key=lambda k: fits[k][1])
+        return merged_meta(fits[best][0], memory_cap_bytes=cap, instead_of_peak_bytes=peak), fits
+    from opsched.policies.registry import entry
+
+    seq = entry("sequential").make().plan(graph, machine, model)
+    seq_peak = sim.peak_bytes(graph, seq)
+    if seq_peak <= cap:
+        return merged_meta(seq, memory_cap_bytes=cap, instead_of_peak_bytes=peak), None
+    raise MemoryCapError(f"no plan of {graph.name!r} keeps its activations under the memory cap of "
+                         f"{_size(cap)} (the policy's plan needs {_size(peak)}, one op at a time {_size(seq_peak)})")
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 _MEASURED = IdentityLRU(64)  # per (model's choice, backend, machine, measure): the plan timing kept
@@ -315,7 +388,7 @@ def _measured(be: Backend, graph: OpGraph, chosen: Plan, found: dict[str, tuple[
 def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = None, *,
           backend: str | Backend = AUTO, machine: Machine | str | None = None,
           perf_model: PerfModel | str = "auto", plan: Plan | None = None, verify: bool = True, batch: int = 1,
-          measure: int = DEFAULT_TOP) -> Scheduled:
+          measure: int = DEFAULT_TOP, memory_limit: float | None = None) -> Scheduled:
     """Plan ``model`` with ``policy`` and return it scheduled (see the module docstring).
 
     ``policy``: an exported policy's folder, a Policy, a heuristic's name, or
@@ -335,7 +408,9 @@ def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = 
     planned for when no example inputs are given.  ``measure``: how many of a
     policy's best candidate plans (by the planning model) are timed on the
     runtime, on the example inputs, the fastest kept (:mod:`opsched.measured`;
-    ``plan.meta["measured"]``); 0 or 1 trusts the model alone.
+    ``plan.meta["measured"]``); 0 or 1 trusts the model alone.  ``memory_limit``:
+    bytes of activations a plan may keep alive at once (default: the machine's
+    memory; :func:`fit_memory`).
 
     Never raises for a model it cannot schedule: the result then runs eagerly
     and a :class:`ScheduleFallbackWarning` says why (errors in the arguments
@@ -350,7 +425,7 @@ def apply(policy: Policy | str | Path | None, model: Any, example_inputs: Any = 
             return _unprepared(model, example_inputs, framework, backend, machine, batch).eager(
                 Fallback(FallbackReason.POLICY, f"cannot use the policy: {exc}"))
     prepared = prepare(model, example_inputs, backend=backend, machine=machine, perf_model=perf_model, batch=batch)
-    return schedule(prepared, policy, plan=plan, verify=verify, measure=measure)
+    return schedule(prepared, policy, plan=plan, verify=verify, measure=measure, memory_limit=memory_limit)
 
 
 def _unprepared(network: Any, example_inputs: Any, framework: str, backend: str | Backend,

@@ -54,11 +54,13 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
-from opsched.errors import GraphError, ModelImportError
+from opsched.errors import GraphError, ModelImportError, OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import MACHINE_SPECS, Machine, get_machine
 
@@ -294,12 +296,139 @@ def load_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> 
     raise ModelImportError(f"model spec {spec!r} is not a torch model or a Keras model; {_available()}")
 
 
+# ------------------------------------------------------------ training steps
+@dataclass
+class TrainingNetwork:
+    """What a training step is made of: the module, the loss and the optimizer."""
+
+    module: Any  # torch.nn.Module
+    loss_fn: Callable[[Any, Any], Any]
+    optimizer: Any  # torch.optim.Optimizer
+
+
+def make_optimizer(kind: str, module: Any, lr: float | None = None) -> Any:
+    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
+    ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
+    import torch
+
+    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+             "adam": (torch.optim.Adam, {"lr": 1e-3}),
+             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
+    if kind not in kinds:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
+    cls, kw = kinds[kind]
+    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
+
+
+def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
+                  lr: float | None = None) -> tuple[Any, Any, Any]:
+    """A training step a spec names: ``(TrainingNetwork, example_x, example_y)``.
+
+    ``zoo:NAME[@BxW]``: the zoo model in train mode with its default loss and
+    random targets (:func:`opsched.zoo.training.build_train`; BatchNorm models
+    need batch >= 2).  ``path/to/module.py:factory``: ``factory(batch)``
+    returns ``(module, example_x, example_y, loss_fn)``.  ``optimizer``:
+    ``sgd``, ``adam`` or ``adamw`` (:func:`opsched.adapters.train.make_optimizer`)."""
+    from opsched.errors import ModelImportError
+    from opsched.zoo import ZOO
+    from opsched.zoo.training import build_train
+
+    spec = spec.strip()
+    if spec.startswith("keras:"):  # a keras.applications model, sparse categorical cross-entropy
+        return keras_application_step(spec, batch, width, seed, optimizer, lr)
+    if spec.startswith("zoo:") or spec in ZOO:
+        name, b, w = _zoo_size(spec if spec.startswith("zoo:") else f"zoo:{spec}", batch, width)
+        ex = build_train(name, b, w, seed)
+        module, x, y, loss_fn = ex.module, ex.inputs, ex.targets, ex.loss_fn
+    else:
+        py = _split_py(spec)
+        if py is None:
+            raise ModelImportError(f"train mode: model spec {spec!r} is not a zoo model, a keras: model or a "
+                                   "module.py:factory; ONNX training steps are not scheduled (see the README)")
+        fn = _load_py_factory(*py)
+        try:
+            result = fn(batch)
+        except Exception as exc:
+            raise ModelImportError(f"{spec}(batch={batch}) raised {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(result, tuple) and len(result) == 4 and callable(result[3])):
+            raise ModelImportError(f"{spec}: in train mode factory(batch) must return (module, example_x, example_y, "
+                                   f"loss_fn), got {type(result).__name__}"
+                                   + (f" of {len(result)}" if isinstance(result, tuple) else ""))
+        module, x, y, loss_fn = result
+        if is_keras(module):  # a Keras model: loss_fn(y_true, y_pred), a Keras optimizer
+            return KerasTrainingNetwork(module, loss_fn, make_keras_optimizer(optimizer, lr)), x, y
+        module.train()
+    return TrainingNetwork(module, loss_fn, make_optimizer(optimizer, module, lr)), x, y
+
+
+
+@dataclass
+class KerasTrainingNetwork:
+    """What a Keras training step is made of: the model, the loss (``loss(y_true, y_pred)``, a
+    ``keras.losses.Loss`` or a name) and the Keras optimizer."""
+
+    model: Any
+    loss: Any
+    optimizer: Any
+    _function: Any = dataclass_field(default=None, repr=False)
+
+    def function(self) -> Any:
+        """Keras's own step as a ``tf.function`` (``function(*x_leaves, y)``; retraces for new shapes)."""
+        if self._function is None:
+            import tensorflow as tf
+
+            from opsched.importers.tf_step import make_step, resolve_loss
+
+            if not getattr(self.optimizer, "built", False):
+                self.optimizer.build(self.model.trainable_variables)
+            self._function = tf.function(make_step(self.model, resolve_loss(self.loss), self.optimizer),
+                                         autograph=False)
+        return self._function
+
+
+def make_keras_optimizer(kind: str, lr: float | None = None) -> Any:
+    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01):
+    the Keras twins of :func:`make_optimizer`."""
+    import keras
+
+    kinds = {"sgd": (keras.optimizers.SGD, {"learning_rate": 0.01, "momentum": 0.9}),
+             "adam": (keras.optimizers.Adam, {"learning_rate": 1e-3}),
+             "adamw": (keras.optimizers.AdamW, {"learning_rate": 1e-3, "weight_decay": 0.01})}
+    if kind not in kinds:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
+    cls, kw = kinds[kind]
+    return cls(**{**kw, **({"learning_rate": lr} if lr is not None else {})})
+
+
+def keras_application_step(spec: str, batch: int, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
+                           lr: float | None = None) -> tuple[KerasTrainingNetwork, Any, Any]:
+    """``keras:NAME[:side=N]`` in train mode: the ``keras.applications`` model (``weights=None``, fresh
+    weights from ``seed``), random inputs, random labels over its classes, sparse categorical
+    cross-entropy, and the optimizer (:func:`make_keras_optimizer`)."""
+    import keras
+    import numpy as np
+
+
+    model = _keras_application(spec, width, seed)
+    shape = tuple(model.inputs[0].shape[1:])
+    if any(d is None for d in shape):
+        raise ModelImportError(f"model spec {spec!r}: input shape {shape} is not fixed; give side=N")
+    classes = int(model.outputs[0].shape[-1])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, *shape)).astype(np.float32)
+    y = rng.integers(0, classes, size=(batch,)).astype(np.int64)
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    return KerasTrainingNetwork(model, loss, make_keras_optimizer(optimizer, lr)), x, y
+
+
+
 def load_torch_model(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0) -> tuple[Any, tuple]:
     """The torch module (eval mode) and example inputs of a zoo or ``.py`` spec."""
     loaded = load_model(spec, batch, width, seed)
     if loaded.framework != "torch":
         raise ModelImportError(f"model spec {spec!r} is a Keras model, not a PyTorch one; it runs on the "
                                "TensorFlow backend (--backend tf)")
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return loaded.model, loaded.inputs
 
 
@@ -316,6 +445,7 @@ def import_graph(loaded: LoadedModel) -> OpGraph:
         return from_keras(loaded.model, batch=loaded.batch, name=loaded.name)
     from opsched.importers.torch_fx import from_torch
 
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return from_torch(loaded.model, loaded.inputs, name=loaded.name)
 
 
@@ -393,8 +523,6 @@ def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: s
         if path.is_file():
             return OpGraph.load(path)
     from opsched.importers.torch_step import capture_step
-    from opsched.training import load_training
-
     net, x, y = load_training(body, batch, width, seed, optimizer=optimizer)
     graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"train:{body}")
     if path is not None:
@@ -424,6 +552,7 @@ def onnx_graph_of(loaded: LoadedModel, width: float = 1.0, seed: int = 0, *, opt
     if loaded.framework != "torch":
         raise ModelImportError(f"model spec {spec!r} is a {loaded.framework} model; ONNX Runtime runs ONNX files "
                                "and PyTorch models (exported to ONNX)")
+    assert loaded.inputs is not None  # a torch spec always comes with its example inputs
     return from_torch_via_onnx(loaded.model, loaded.inputs, name=loaded.name, key=onnx_export_key(loaded, width, seed),
                                cache_dir=cache_dir, opt_level=opt_level)
 
@@ -457,11 +586,12 @@ def _importer_hash() -> str:
 
     h = hashlib.sha256()
     for pkg in (opsched.zoo, opsched.importers):
+        assert pkg.__file__ is not None  # regular packages on disk
         for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
             h.update(f.name.encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
-__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "import_graph", "load_graph", "load_machine",
+__all__ = ["MACHINE_SPECS", "SPEC_KINDS", "LoadedModel", "Machine", "KerasTrainingNetwork", "TrainingNetwork", "keras_application_step", "load_training", "make_keras_optimizer", "make_optimizer", "import_graph", "load_graph", "load_machine",
            "load_model", "load_onnx_graph", "load_torch_model", "onnx_export_key", "onnx_graph_of"]

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: A round during which other processes used more than this many cores (on
@@ -149,11 +150,39 @@ def loadavg() -> tuple[float, float, float] | None:
         return None
 
 
-def cpu_model() -> str:
-    """The CPU's model name as the OS reports it (:func:`opsched.machine.cpu_model_name`)."""
-    from opsched.machine import cpu_model_name
+def cpu_topology() -> tuple[int, int, int, str]:
+    """(usable logical CPUs, usable physical cores, sockets, model name).
 
-    return cpu_model_name()
+    The one reader of ``/proc/cpuinfo`` (psutil counts cores but does not say
+    which core of which socket a CPU is, which the affinity-aware count needs)."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        allowed = list(range(os.cpu_count() or 1))
+    model = platform.processor() or "cpu"
+    cores: set[tuple[str, str]] = set()
+    sockets: set[str] = set()
+    try:
+        blocks = Path("/proc/cpuinfo").read_text().strip().split("\n\n")
+        for block in blocks:
+            info = dict(
+                (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in block.splitlines())
+            )
+            if int(info.get("processor", -1)) not in allowed:
+                continue
+            model = info.get("model name", model)
+            phys = info.get("physical id", "0")
+            sockets.add(phys)
+            cores.add((phys, info.get("core id", info.get("processor", "0"))))
+    except (OSError, ValueError):
+        pass
+    physical = len(cores) or len(allowed)
+    return len(allowed), physical, max(1, len(sockets)), model
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (``/proc/cpuinfo``), else ``platform.processor()``."""
+    return cpu_topology()[3]
 
 
 def usable_cpus() -> int:

@@ -18,7 +18,7 @@ seconds per graph, and the ONNX Runtime lane planner) are named explicitly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsched.errors import PolicyError
 from opsched.policies.base import Policy, timed_plan
@@ -33,6 +33,9 @@ from opsched.policies.registry import (
     names,
     register,
 )
+
+if TYPE_CHECKING:  # imported when a policy is loaded (it needs only numpy, but is not small)
+    from opsched.policies.exported import ExportedPolicy
 
 #: The name of the exported policy shipped with opsched (``policies/pretrained``).
 LEARNED = "learned"
@@ -87,7 +90,7 @@ def get_policies(spec: str, **kwargs_by_name: dict[str, Any]) -> list[Policy]:
     return [get_policy(n, **kwargs_by_name.get(n, {})) for n in expand_names(spec)]
 
 
-def load(path: str | Path) -> Policy:
+def load(path: str | Path) -> ExportedPolicy:
     """Load an exported learned policy (numpy only; nothing in the file runs)."""
     try:
         from opsched.policies.exported import load as _load

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Device, Machine
 from opsched.plan import Assignment, Plan
@@ -27,15 +28,15 @@ class Policy(ABC):
     """Something that decides, for every op, its device, threads and priority.
 
     Subclasses set ``name`` (the registry name) and implement :meth:`plan`.
-    ``model`` is a performance model with the ``backends.perfmodel`` API
-    (``time_table``, ``op_time``, ``transfer_time``); ``None`` means the
+    ``model`` is the planning model (a :class:`~opsched.engine.contracts.PerfModel`:
+    ``time_table``, ``op_time``, ``transfer_time``); ``None`` means the
     analytic default, so a policy runs on any graph and preset machine.
     """
 
     name: str = "policy"
 
     @abstractmethod
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         """Return a validated Plan for ``graph`` on ``machine``."""
 
     def __repr__(self) -> str:
@@ -54,7 +55,7 @@ def build_plan(graph: OpGraph, machine: Machine, assignments: Mapping[str, Assig
     return plan
 
 
-def resolve_model(model: Any = None) -> Any:
+def resolve_model(model: PerfModel | None = None) -> PerfModel:
     """The given performance model, or the analytic default (imported lazily)."""
     if model is not None:
         return model
@@ -63,7 +64,8 @@ def resolve_model(model: Any = None) -> Any:
     return default_model()
 
 
-def timed_plan(policy: Policy, graph: OpGraph, machine: Machine, model: Any = None) -> tuple[Plan, float]:
+def timed_plan(policy: Policy, graph: OpGraph, machine: Machine,
+               model: PerfModel | None = None) -> tuple[Plan, float]:
     """Plan and report how long deciding took (seconds, wall clock)."""
     t0 = time.perf_counter()
     plan = policy.plan(graph, machine, model)

@@ -17,8 +17,7 @@ as in :mod:`opsched.policies.moldable`.
 
 from __future__ import annotations
 
-from typing import Any
-
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
@@ -40,7 +39,7 @@ class BiCPA(Policy):
 
     name = "bicpa"
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         plan, spans = moldable_plan(graph, machine, model, self.name, bicpa_allocations)
         return build_plan(graph, machine, plan.assignments, policy=self.name, **plan.meta, candidates=spans)
 

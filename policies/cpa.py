@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
@@ -87,7 +88,7 @@ def cpa_allocation(problem: Problem, processors: int | None = None, cap: int | N
     return alloc
 
 
-def moldable_plan(graph: OpGraph, machine: Machine, model: Any, name: str,
+def moldable_plan(graph: OpGraph, machine: Machine, model: PerfModel | None, name: str,
                   allocate: Any) -> tuple[Plan, dict[str, float]]:
     """The fastest (simulated) list plan over :func:`~opsched.policies.moldable.placements`
     and the allocations ``allocate(problem)`` yields as ``(label, alloc)``; and
@@ -116,7 +117,7 @@ class CPA(Policy):
 
     name = "cpa"
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         plan, spans = moldable_plan(graph, machine, model, self.name,
                                     lambda problem: [(f"P={problem.P}", cpa_allocation(problem))])
         return build_plan(graph, machine, plan.assignments, policy=self.name, **plan.meta, candidates=spans)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
@@ -53,7 +54,7 @@ class CriticalPathFirst(Policy):
         assignments = {op.id: Assignment(device, threads, float(rank[i])) for i, op in enumerate(graph.ops)}
         return build_plan(graph, machine, assignments, policy=self.name, device=device, threads=threads, **meta)
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         from opsched.engine.sim import Simulator
 
         model = resolve_model(model)

@@ -14,8 +14,7 @@ its proven ``lower_bound_s`` and the LP's ``lp_bound_s``.  Needs OR-Tools
 
 from __future__ import annotations
 
-from typing import Any
-
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
@@ -37,7 +36,7 @@ class CpSat(Policy):
         self.seed = int(seed)
         self.max_ops = int(max_ops)
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         from opsched.engine.bounds import allocation_lp_bound, cpsat_schedule
         from opsched.policies.hints import best_heuristic
 

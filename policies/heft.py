@@ -26,10 +26,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel, TimeTable
 from opsched.graph import OpGraph, kahn_order
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
@@ -132,8 +132,10 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
     if group.shape != (p,):
         raise ValueError(f"groups must give one device per processor ({p}), got {group.shape}")
     if transfer is None:
-        def transfer(i: int, j: int, gi: int, gj: int) -> float:
+        def by_edge(i: int, j: int, gi: int, gj: int) -> float:
             return comm.get((i, j), 0.0)
+
+        transfer = by_edge
     rank = upward_rank_table(comp.mean(axis=1), succ, comm if mean_comm is None else mean_comm, topo)
     topo_pos = np.empty(n, dtype=int)
     topo_pos[list(topo)] = np.arange(n)
@@ -264,9 +266,9 @@ class HeftPolicy(Policy):
     def __init__(self, insertion: bool = True) -> None:
         self.insertion = insertion
         self._cost_key: tuple | None = None
-        self._cost: dict[tuple[int, int, int, int], float] = {}
+        self._cost: np.ndarray = np.zeros((0, 0, 0))  # _costs' last result (for _cost_key)
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         model = resolve_model(model)
         table = model.time_table(graph, machine)
         best: tuple[HeftSchedule, list[tuple[int, int]], int] | None = None
@@ -297,7 +299,7 @@ class HeftPolicy(Policy):
                 lanes += [(d, cpu_threads)] * (dev.cores // cpu_threads)
         return lanes
 
-    def _costs(self, graph: OpGraph, machine: Machine, model: Any) -> np.ndarray:
+    def _costs(self, graph: OpGraph, machine: Machine, model: PerfModel) -> np.ndarray:
         """(edges, devices, devices): each edge's transfer cost between two devices
         (0 on one device), in ``graph.edge_bytes`` order; computed once per plan and
         per distinct byte count (the executor splits tried share it)."""
@@ -318,7 +320,7 @@ class HeftPolicy(Policy):
         self._cost_key, self._cost = key, cost
         return cost
 
-    def _schedule(self, graph: OpGraph, machine: Machine, model: Any, table: Any,
+    def _schedule(self, graph: OpGraph, machine: Machine, model: PerfModel, table: TimeTable,
                   lanes: list[tuple[int, int]]) -> HeftSchedule:
         comp = np.empty((len(graph.ops), len(lanes)))
         for q, (d, threads) in enumerate(lanes):

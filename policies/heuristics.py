@@ -8,10 +8,9 @@ execute them exactly like any learned plan.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Device, Machine
 from opsched.plan import Assignment, Plan
@@ -50,7 +49,7 @@ class Sequential(Policy):
 
     name = "sequential"
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         dev = default_device(machine)
         order = graph.topo_index
         prio = topo_priorities(graph, order)
@@ -91,7 +90,7 @@ class TFSettings(Policy):
         """(intra_op, inter_op) for this machine."""
         raise NotImplementedError
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         intra, inter = self.settings(machine)
         dev = default_device(machine)
         order = graph.topo_index
@@ -109,7 +108,7 @@ class TFSettings(Policy):
                           device=dev.id)
 
     @staticmethod
-    def _eigen_threads(graph: OpGraph, dev: Device, intra: int, model: Any) -> np.ndarray:
+    def _eigen_threads(graph: OpGraph, dev: Device, intra: int, model: PerfModel) -> np.ndarray:
         cap = max(1, min(intra, dev.cores))
         out = np.empty(len(graph.ops), dtype=int)
         for i, op in enumerate(graph.ops):
@@ -160,7 +159,7 @@ class RandomPolicy(Policy):
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         rng = np.random.default_rng(self.seed)
         devices = machine.devices
         assignments = {}

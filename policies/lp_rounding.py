@@ -35,11 +35,11 @@ Busy cores: ``P`` is the free cores, and no allocation exceeds them
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from opsched.engine.bounds import AllocationLP, allocation_lp
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
@@ -92,7 +92,7 @@ class LPRounding(Policy):
 
     name = "lp-rounding"
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         from opsched.engine.sim import prepare
 
         static = prepare(graph, machine, model)
@@ -126,8 +126,9 @@ class LPRounding(Policy):
             from opsched.policies.heuristics import Sequential
 
             return Sequential().plan(graph, machine, model)
-        return build_plan(graph, machine, best[1].assignments, policy=self.name, chosen=min(spans, key=spans.get),
-                          candidates=spans, lp_bound_s=lps[0][1].bound)
+        return build_plan(graph, machine, best[1].assignments, policy=self.name,
+                          chosen=min(spans, key=spans.__getitem__), candidates=spans,
+                          lp_bound_s=lps[0][1].bound)
 
 
 __all__ = ["LPRounding", "SETTINGS", "jz_mu", "ltw_mu", "round_allocation"]

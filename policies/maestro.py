@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.errors import PolicyError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -65,7 +66,7 @@ PAYOFF = 0.05
 
 
 # ------------------------------------------------------------------ features
-def maestro_features(graph: OpGraph, machine: Machine, model: Any = None) -> np.ndarray:
+def maestro_features(graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> np.ndarray:
     """The feature vector :data:`FEATURES` for ``graph`` on ``machine``."""
     model = resolve_model(model)
     n = len(graph.ops)
@@ -190,7 +191,7 @@ def group_layers(graph: OpGraph, order: Sequence[int]) -> list[list[int]]:
     return groups
 
 
-def place_layers(graph: OpGraph, machine: Machine, model: Any, gpu_ids: Sequence[str],
+def place_layers(graph: OpGraph, machine: Machine, model: PerfModel, gpu_ids: Sequence[str],
                  comp: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:
     """Each layer to the GPU with the lowest placement cost; returns GPU positions."""
     edge_bytes = graph.edge_bytes
@@ -203,7 +204,7 @@ def place_layers(graph: OpGraph, machine: Machine, model: Any, gpu_ids: Sequence
                 nbytes = edge_bytes[p, i]
                 for g, gid in enumerate(gpu_ids):
                     if where[p] != g:
-                        cost[g] += model.transfer_time(nbytes, gpu_ids[where[p]], gid, machine)
+                        cost[g] += model.transfer_time(nbytes, gpu_ids[int(where[p])], gid, machine)
             g = int(np.argmin(cost))
             where[i] = g
             load[g] += comp[i, g]
@@ -227,14 +228,15 @@ class Maestro(Policy):
             self._svm = MaestroSVM.load(self.svm_path)
         return self._svm
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         model = resolve_model(model)
         gpus = machine.gpus
+        n_gpus = len(gpus)
         devices = list(gpus) if gpus else [machine.cpu]
         comp = np.array([[model.op_time(op, d, full_threads(d)) for d in devices] for op in graph.ops])
         comp = comp.reshape(len(graph.ops), len(devices))
         significance = comp.mean(axis=1)
-        if len(gpus) >= 2:
+        if n_gpus >= 2:
             out_bytes = np.zeros(len(graph.ops))
             for (src, _), nbytes in graph.edge_bytes.items():
                 out_bytes[src] += nbytes
@@ -243,7 +245,7 @@ class Maestro(Policy):
         order = scheduling_order(graph, significance)
         meta: dict[str, Any] = {}
         multi = False
-        if len(gpus) >= 2:
+        if n_gpus >= 2:
             if self.force is None:
                 score = self.svm.decision(maestro_features(graph, machine, model))
                 meta["svm_decision"] = score
@@ -295,10 +297,12 @@ def scale_graph(graph: OpGraph, factor: float) -> OpGraph:
     ops = [replace(op, flops=op.flops * factor, bytes_written=op.bytes_written * factor,
                    bytes_read=op.param_bytes + (op.bytes_read - op.param_bytes) * factor) for op in graph.ops]
     edges = [Edge(e.src, e.dst, e.bytes * factor) for e in graph.edges]
-    return OpGraph(ops, edges, name=f"{graph.name}*{factor:g}", meta={**graph.meta, "scale": factor})
+    return OpGraph(tuple(ops), tuple(edges), name=f"{graph.name}*{factor:g}",
+                   meta={**graph.meta, "scale": factor})
 
 
-def label_sample(graph: OpGraph, machine: Machine, model: Any = None) -> tuple[np.ndarray, float, float]:
+def label_sample(graph: OpGraph, machine: Machine,
+                 model: PerfModel | None = None) -> tuple[np.ndarray, float, float]:
     """(features, multi-GPU makespan, single-GPU makespan), both simulated."""
     from opsched.engine.sim import Simulator
 
@@ -331,7 +335,7 @@ def fit_svm(X: np.ndarray, y: np.ndarray, C: float = 10.0, meta: dict | None = N
     clf = SVC(kernel="rbf", C=C, gamma="scale", class_weight="balanced").fit(scaler.transform(X), y)
     if not bool(clf.classes_[1]):  # SVC's positive decision is its second class
         raise PolicyError(f"unexpected SVC class order {clf.classes_!r}")
-    return MaestroSVM(mean=scaler.mean_.copy(), scale=scaler.scale_.copy(),
+    return MaestroSVM(mean=np.array(scaler.mean_, dtype=float), scale=np.array(scaler.scale_, dtype=float),
                       support_vectors=clf.support_vectors_.copy(), dual_coef=clf.dual_coef_[0].copy(),
                       intercept=float(clf.intercept_[0]), gamma=float(clf._gamma),
                       meta={"C": C, "samples": int(len(y)), "positives": int(y.sum()), **(meta or {})})

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.lru import IdentityLRU
 from opsched.machine import Device, Machine
@@ -136,7 +137,7 @@ def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: 
 _PLACEMENTS = IdentityLRU(256)
 
 
-def heft_placement(graph: OpGraph, machine: Machine, model: Any) -> dict[str, str]:
+def heft_placement(graph: OpGraph, machine: Machine, model: PerfModel | None) -> dict[str, str]:
     """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine);
     computed once per (graph, machine, model) and shared (a copy each call)."""
     if not machine.gpus:
@@ -152,7 +153,7 @@ def heft_placement(graph: OpGraph, machine: Machine, model: Any) -> dict[str, st
     return dict(_PLACEMENTS.get_or_make((id(graph), id(machine), id(model)), make, *owners))
 
 
-def placements(graph: OpGraph, machine: Machine, model: Any) -> list[tuple[str, dict[str, str]]]:
+def placements(graph: OpGraph, machine: Machine, model: PerfModel | None) -> list[tuple[str, dict[str, str]]]:
     """The placements a moldable heuristic tries: every op on the CPU, and on a
     machine with GPUs also HEFT's GPU ops on their GPUs."""
     out: list[tuple[str, dict[str, str]]] = [("cpu", {})]
@@ -162,7 +163,7 @@ def placements(graph: OpGraph, machine: Machine, model: Any) -> list[tuple[str, 
     return out
 
 
-def simulate(graph: OpGraph, machine: Machine, model: Any, plan: Plan) -> float:
+def simulate(graph: OpGraph, machine: Machine, model: PerfModel | None, plan: Plan) -> float:
     """``plan``'s makespan in the simulator under ``model`` (the plans' judge)."""
     from opsched.engine.sim import prepare, replay
 

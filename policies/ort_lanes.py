@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
@@ -163,7 +164,7 @@ class LanePlanner(Policy):
 
     name = "ort-lanes"
 
-    def candidates(self, graph: OpGraph, machine: Machine, model: Any = None) -> dict[str, Plan]:
+    def candidates(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> dict[str, Plan]:
         model = resolve_model(model)
         table = model.time_table(graph, machine)
         d = machine.device_index["cpu"]
@@ -189,7 +190,7 @@ class LanePlanner(Policy):
                                         name=self.name, setting=key)
         return out
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         from opsched.engine.sim import Simulator
 
         model = resolve_model(model)

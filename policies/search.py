@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
@@ -95,7 +96,7 @@ class OptunaSearch(Policy):
         self.sampler = sampler
         self.warm_start = warm_start
 
-    def plan(self, graph: OpGraph, machine: Machine, model: Any = None) -> Plan:
+    def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         import optuna
 
         from opsched.engine.sim import Simulator

@@ -44,6 +44,8 @@ class FallbackReason(str, Enum):
     IMPORT = "import"                  # the network cannot be imported (traced, exported, parsed)
     EXPORT_DIFFERS = "export-differs"  # the exported ONNX model's outputs differ from the module's
     PLAN = "plan"                      # the policy cannot plan this graph
+    MEMORY = "memory"                  # no plan keeps the activations under the memory cap
+    FRAMEWORK_FASTER = "framework-faster"  # the framework's own run was faster here, timed against the plan
     RUN_FAILED = "run-failed"          # the scheduled run raised
     OUTPUTS_DIFFER = "outputs-differ"  # the scheduled run's outputs differ from the reference
     INPUTS_DIFFER = "inputs-differ"    # a call's inputs differ from the planned ones
@@ -115,6 +117,9 @@ class Scheduled:
 
     graph: OpGraph | None
     plan: Plan | None
+    #: Every scheduled model is called like the network (nn.Module's ``__call__``, or the
+    #: subclass's own); declared only, so no subclass's ``__call__`` is shadowed.
+    __call__: Callable[..., Any]
     #: Seconds the policy took to plan, timing its candidates included (None: a saved plan, or no plan).
     plan_s: float | None = None
     machine: Machine
@@ -160,7 +165,7 @@ class Scheduled:
     def time_call(self, *inputs: Any) -> float:
         """Wall seconds of one call."""
         t0 = time.perf_counter()
-        self(*inputs)  # type: ignore[operator]
+        self(*inputs)
         return time.perf_counter() - t0
 
     def _repr(self, what: str = "") -> str:
@@ -245,6 +250,11 @@ class Adapter(ABC):
     def eager_description(self) -> str:
         """What runs when the model falls back, for warnings."""
         return self.label
+
+    def against_framework(self, scheduled: Scheduled) -> Fallback | None:
+        """After the measured choice: a reason to run the framework itself instead, when timing it
+        against the kept plan here says it is faster (None: keep the plan; default: not timed)."""
+        return None
 
     @abstractmethod
     def wrap(self, graph: OpGraph | None, plan: Plan | None, machine: Machine, policy: Policy | None,

@@ -22,17 +22,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from opsched.adapters.base import Adapter, Config, Fallback, FallbackReason, Scheduled
-from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
+from opsched.specs import TrainingNetwork, make_optimizer  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from opsched.engine.contracts import Backend
@@ -42,15 +41,6 @@ if TYPE_CHECKING:
 #: elementwise; optimizer state relative to each tensor's largest entry (eager itself moves
 #: momentum buffers by ~1e-4 of their scale between 1 and 2 intra-op threads).
 STEP_RTOL, STEP_ATOL, STATE_REL = 1e-4, 1e-5, 1e-3
-
-
-@dataclass
-class TrainingNetwork:
-    """What a training step is made of: the module, the loss and the optimizer."""
-
-    module: nn.Module
-    loss_fn: Callable[[Any, Any], torch.Tensor]
-    optimizer: torch.optim.Optimizer
 
 
 def clone_training(net: TrainingNetwork) -> TrainingNetwork:
@@ -111,6 +101,8 @@ class TrainStep(Scheduled):
     def __init__(self, network: TrainingNetwork, example: tuple, *, graph: OpGraph | None, plan: Plan | None,
                  machine: Machine, policy: Policy | None, backend: Backend | None, fallback: Fallback | None) -> None:
         self.network = network
+        #: the kept plan and eager's step timed against each other at apply time (seconds; ratio plan / eager)
+        self.meta_timing: dict[str, float] | None = None
         self.runner: Any = None
         if graph is not None and fallback is None:
             from opsched.importers.torch_step import StepRunner
@@ -205,6 +197,48 @@ class TrainStepAdapter(Adapter):
     def eager_description(self) -> str:
         return self.label
 
+    def choose(self, graph: OpGraph, plan: Plan, found: dict[str, tuple[Plan, float]] | None, machine: Machine,
+               model: Any, policy: Any) -> tuple[Plan, dict[str, tuple[Plan, float]] | None]:
+        """A policy that offers candidates (the learned policy) also gets every baseline heuristic's plan
+        as one: a training step's ops are many and the planning model's error on them is large (the
+        moldable-task heuristics - CPA, biCPA, LP rounding - often win for real), so the measured
+        choice picks among them all.  A heuristic asked for by name is planned as it is."""
+        if found is None:
+            return plan, None
+        from opsched.engine.sim import Simulator
+        from opsched.policies import BASELINE, get_policy, names
+
+        sim = Simulator(machine, model)
+        more = dict(found)
+        for name in names(BASELINE):
+            key = f"heuristic:{name}"
+            if key not in more:
+                p = get_policy(name).plan(graph, machine, model)
+                more[key] = (p, sim.makespan(graph, p))
+        return plan, more
+
+    #: The kept plan must beat eager's step by this share (per-round ratio, median) or eager runs:
+    #: the plan pays a replay of every op from Python that eager's C++ autograd engine does not.
+    EAGER_MARGIN = 0.02
+
+    def against_framework(self, scheduled: Scheduled) -> Fallback | None:
+        """Time the scheduled step against eager's (each on its own copy, interleaved rounds, each
+        call after the last one's threads went quiet); eager runs when it is faster here."""
+        from opsched.timing import interleave
+
+        if not isinstance(scheduled, TrainStep) or scheduled.fallback is not None:
+            return None
+        configs = {"plan": self.timer(scheduled, ()), "eager": _eager_timer(clone_training(self.network), self.inputs,
+                                                                             None)}
+        t = interleave(configs, warmup=1, repeats=5)
+        ratio = t.ratios("eager")["plan"]["median"]  # the plan's time over eager's, round by round
+        scheduled.meta_timing = {"plan_s": t.median("plan"), "eager_s": t.median("eager"), "ratio": ratio}
+        if ratio > 1.0 - self.EAGER_MARGIN:
+            return Fallback(FallbackReason.FRAMEWORK_FASTER,
+                            f"eager PyTorch ran this step in {t.median('eager') * 1e3:.1f} ms against the plan's "
+                            f"{t.median('plan') * 1e3:.1f} ms here, so the eager step runs")
+        return None
+
     def wrap(self, graph: OpGraph | None, plan: Plan | None, machine: Machine, policy: Policy | None,
              backend: Backend | None, fallback: Fallback | None, feeds: tuple, reference: Any = None) -> Scheduled:
         return TrainStep(self.network, self.inputs, graph=graph, plan=plan, machine=machine, policy=policy,
@@ -247,18 +281,6 @@ def _eager_timer(net: TrainingNetwork, xy: Sequence[Any], threads: int | None) -
                 torch.set_num_threads(before)
 
     return once
-
-
-def make_optimizer(kind: str, module: nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
-    """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
-    ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
-    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
-             "adam": (torch.optim.Adam, {"lr": 1e-3}),
-             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
-    if kind not in kinds:
-        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
-    cls, kw = kinds[kind]
-    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
 
 
 __all__ = ["STEP_ATOL", "STEP_RTOL", "TrainStep", "TrainStepAdapter", "TrainingNetwork", "clone_training",

@@ -23,13 +23,17 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from opsched.benchmarks.harness import doc_summary
 from opsched.policies import BASELINE, names
 from opsched.timing import host_record, interleave, wall_clock
 
+if TYPE_CHECKING:
+    from opsched.policies.exported import ExportedPolicy
 
-def measure(model_name: str, batch: int, policy: Any, rounds: int, warmup: int) -> dict[str, Any]:
+
+def measure(model_name: str, batch: int, policy: ExportedPolicy, rounds: int, warmup: int) -> dict[str, Any]:
     import torch
 
     from opsched.backends.torch_cpu import TorchCPUBackend
@@ -99,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from opsched.policies import load
     from opsched.policies.exported import pretrained_path
 
-    ap = argparse.ArgumentParser(prog="bench/apply_zoo.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench/apply_zoo.py", description=doc_summary(__doc__))
     ap.add_argument("--models", default="inception,resnet50,nasnet,randwire,lstm,transformer")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=9)

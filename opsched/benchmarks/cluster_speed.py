@@ -90,6 +90,7 @@ def learner_costs(graphs: list, machines: list, max_nodes: int, batches: Sequenc
         env = make_vec_env(graphs, machines, max_nodes, b)
         model = build_model(cfg, env, seed=0)
         obs = env.reset()
+        assert isinstance(obs, dict)  # ScheduleEnv observes a Dict space (opsched.engine.observe)
         masks = np.stack(env.env_method("action_masks"))
         model.predict(obs, action_masks=masks)
         times = []

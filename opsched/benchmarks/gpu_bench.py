@@ -309,7 +309,8 @@ def _markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from opsched.zoo import ZOO
 
-    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.gpu_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.gpu_bench",
+                                 description=H.doc_summary(__doc__))
     ap.add_argument("--out", type=Path, default=None, help="output folder (default runs/gpu_check_<timestamp>)")
     ap.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo models")
     ap.add_argument("--batches", default="1,8")

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opsched.benchmarks.harness import doc_summary
 from opsched.timing import geomean, host_record
 
 #: The issue's target: the best list heuristic at least this far off the best known plan.
@@ -54,7 +55,7 @@ def measure_pair(group: str, gspec: str, mspec: str, *, cpsat_s: float, search_t
     best = best_known(graph, machine, policies=heuristics, cpsat_s=cpsat_s, search_trials=search_trials,
                       local_steps=local_steps, seed=seed)
     heur = {k.removeprefix("heuristic:"): v for k, v in best.candidates.items() if k.startswith("heuristic:")}
-    bh = min(heur, key=heur.get)
+    bh = min(heur, key=heur.__getitem__)
     tight = best.lower_bound_s
     return {
         "group": group, "graph": gspec, "machine": mspec, "ops": len(graph.ops), "heuristics": heur,
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from opsched.hard import evaluation_pairs
     from opsched.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="bench/hard.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench/hard.py", description=doc_summary(__doc__))
     ap.add_argument("--out", default="runs/bench", help="output folder")
     ap.add_argument("--sections", default="hard,ceiling", help="hard, ceiling, or both (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="a few pairs, small budgets")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opsched.timing import Timings, host_record, interleave, loadavg, summary
+from opsched.timing import Timings, host_record, interleave, loadavg, settle, summary
 
 #: Distributions whose versions go into every report.
 PACKAGES = ("opsched", "torch", "numpy", "onnx", "onnxruntime", "tensorflow-cpu", "tensorflow", "gymnasium",
@@ -101,13 +101,21 @@ def pin_one_core() -> str:
         return f"not pinned ({exc})"
 
 
-def throughput_args(module: str, doc: str, argv: Sequence[str] | None, sizes: Mapping[str, int],
+def doc_summary(doc: str | None, paragraph: bool = False) -> str:
+    """A module docstring's first line (``paragraph``: first paragraph) for ``--help``;
+    ``""`` without one (``python -OO`` strips docstrings: ``__doc__`` is None)."""
+    if not doc:
+        return ""
+    return doc.split("\n\n")[0] if paragraph else doc.splitlines()[0]
+
+
+def throughput_args(module: str, doc: str | None, argv: Sequence[str] | None, sizes: Mapping[str, int],
                     quick: Mapping[str, int]) -> Any:
     """The command line of a throughput benchmark: integer options (``sizes``:
     name -> default), ``--quick`` (a smoke run: ``quick``'s values instead) and ``--out``."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog=f"python -m opsched.benchmarks.{module}", description=doc.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=f"python -m opsched.benchmarks.{module}", description=doc_summary(doc))
     for name, default in sizes.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     ap.add_argument("--quick", action="store_true",
@@ -334,29 +342,34 @@ def start_all(workers: Sequence[Worker], timeout: float) -> dict[str, str]:
 
 
 def time_workers(configs: Sequence[tuple[str, Worker, str]], rounds: int, iters: int, warmup: int,
-                 timeout: float, settle_s: float = 0.2, on_step: Callable[[str], None] | None = None,
+                 timeout: float, settle_s: float = 0.0, on_step: Callable[[str], None] | None = None,
                  target_s: float = 0.0) -> tuple[Timings, dict[str, str]]:
     """Warm up, then time every ``(label, worker, config)`` with
     :func:`opsched.timing.interleave` (one sample per round: the median of that
     round's calls).
 
     A configuration that fails is dropped with its reason in the second value.
-    ``settle_s`` passes before each request, so a pool that spins after its
-    work (OpenMP, ONNX Runtime) has gone quiet before the next one is timed:
-    ONNX Runtime's intra-op pools spin about 45 ms after a run, and with the
-    former 20 ms the configuration timed after ONNX Runtime's parallel mode
-    (opsched on ``ort``) lost its cores to that spinning - 1.3-2.3x slower
-    than the same session measured after a 200 ms pause.
+    Before each request the driver waits until every worker's threads have gone
+    quiet (:func:`opsched.timing.settle` over the workers' pids: measured, not
+    a guessed pause), so a pool that spins after its work (OpenMP, ONNX
+    Runtime: about 45 ms here) does not take the cores of the next
+    configuration timed - with a fixed 20 ms pause the configuration timed
+    after ONNX Runtime's parallel mode (opsched on ``ort``) ran 1.3-2.3x slower
+    than the same session measured alone.  ``settle_s``: a further fixed pause.
     With ``target_s`` > 0 a configuration gets only as many calls per round (at
     least 1, at most ``iters``) as fit in ``target_s`` by its warm-up speed, so
     slow configurations do not dominate the run's length."""
     failed: dict[str, str] = {}
     n_calls: dict[str, int] = {}
 
+    pids = sorted({w.proc.pid for _, w, _ in configs if w.proc is not None})
+
     def call(label: str, worker: Worker, config: str, n: int) -> float:
         if label in failed:
             return float("nan")
-        time.sleep(settle_s)
+        settle(pids)
+        if settle_s > 0:
+            time.sleep(settle_s)
         try:
             med = summary(worker.time(config, n, timeout))["median"]
         except WorkerError as exc:
@@ -370,8 +383,7 @@ def time_workers(configs: Sequence[tuple[str, Worker, str]], rounds: int, iters:
         t = call(label, worker, config, max(1, warmup))
         n_calls[label] = int(min(iters, max(1, target_s // max(t, 1e-9)))) if target_s > 0 and math.isfinite(t) else iters
     fns = {label: (lambda a=label, w=worker, c=config: call(a, w, c, n_calls[a])) for label, worker, config in configs}
-    pids = [w.proc.pid for _, w, _ in configs if w.proc is not None]
-    timings = interleave(fns, warmup=0, repeats=rounds, pids=sorted(set(pids)))
+    timings = interleave(fns, warmup=0, repeats=rounds, pids=pids, quiet=False)  # call() settles
     for label in failed:
         timings.samples.pop(label, None)
     return timings, failed

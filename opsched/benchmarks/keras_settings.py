@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     is the median of all its samples, and the load of other processes (cores
     busy outside the TensorFlow workers) is recorded per model."""
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.keras_settings",
-                                 description=__doc__.splitlines()[0])
+                                 description=H.doc_summary(__doc__))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated tf.keras.applications names")
     ap.add_argument("--size", type=int, default=0, help="input side for every model (0: the table above)")
     ap.add_argument("--batch", type=int, default=1)

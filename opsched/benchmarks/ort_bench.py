@@ -36,9 +36,18 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from opsched.benchmarks.harness import doc_summary
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import PerfModel
+    from opsched.graph import OpGraph
+    from opsched.machine import Machine
+    from opsched.plan import Plan
+    from opsched.policies import Policy
 
 ZOO_MODELS = ("inception", "resnet50", "nasnet", "randwire", "lstm", "transformer")
 
@@ -60,7 +69,8 @@ def wait_quiet(max_wait_s: float, limit: float = 0.3, window_s: float = 3.0,
 
 # ------------------------------------------------------------------ ratios
 def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 8), *, rounds: int = 15,
-               warmup: int = 3, policy: Any = None, cache_dir: str | Path | None = None,
+               warmup: int = 3, policy: Policy | str | Path | None = None,
+               cache_dir: str | Path | None = None,
                quiet_wait_s: float = 0.0, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Per (model, batch): opsched on ``ort`` vs ONNX Runtime sequential (see the module docstring)."""
     from opsched.adapters.onnx import ORT_ATOL, ORT_RTOL, reference_session, remember, run_reference
@@ -80,6 +90,7 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
         for batch in batches:
             _say(progress, f"{name} batch {batch}")
             loaded = load_model(f"zoo:{name}", batch)
+            assert loaded.inputs is not None  # a zoo network comes with its example inputs
             graph = onnx_graph_of(loaded)
             model = planning_model(machine, "ort", "auto", cache_dir)
             with OrtBackend(machine, model=model) as be, warnings.catch_warnings(record=True) as caught:
@@ -92,15 +103,16 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
                     row["error"] = sm.fallback_reason or "; ".join(str(w.message) for w in caught)
                     rows.append(row)
                     continue
+                plan = sm.plan
+                assert plan is not None  # scheduled: it runs its plan
                 seq = reference_session(graph)
                 src = graph.source
                 if quiet_wait_s > 0:
                     wait_quiet(quiet_wait_s, progress=progress)
                 feeds = dict(zip(src.inputs, src.example_inputs, strict=True))
                 names = list(src.outputs)
-                same = outputs_equal(be.execute(graph, sm.plan, src.example_inputs),
+                same = outputs_equal(be.execute(graph, plan, src.example_inputs),
                                      run_reference(seq, graph, src.example_inputs), ORT_RTOL, ORT_ATOL)
-                plan = sm.plan
                 t = interleave({"ort-sequential": wall_clock(lambda seq=seq, feeds=feeds, names=names:
                                                              seq.run(names, feeds)),
                                 "opsched": wall_clock(lambda plan=plan, graph=graph, be=be,
@@ -122,8 +134,8 @@ def zoo_ratios(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1, 
 
 
 # ------------------------------------------------------------------ sim to real
-def fresh_plans(graph: Any, machine: Any, model: Any, fitted: Sequence[Any], seed: int = 1,
-                n_plans: int = 16) -> dict[str, Any]:
+def fresh_plans(graph: OpGraph, machine: Machine, model: PerfModel, fitted: Sequence[Plan], seed: int = 1,
+                n_plans: int = 16) -> dict[str, Plan]:
     """Plans of ``graph`` the runtime model was not fitted on: the calibration's plan
     families drawn with another seed, and opsched's lane plans, minus any plan whose
     assignments equal one in ``fitted``."""
@@ -133,7 +145,7 @@ def fresh_plans(graph: Any, machine: Any, model: Any, fitted: Sequence[Any], see
     plans = dict(ort_plans(graph, machine, model, n_plans, seed))
     plans.update({f"lanes-{k}": p for k, p in LanePlanner().candidates(graph, machine, model).items()})
     seen = [p.assignments for p in fitted]
-    out: dict[str, Any] = {}
+    out: dict[str, Plan] = {}
     for name, p in plans.items():
         if all(p.assignments != a for a in seen):
             out[name] = p
@@ -285,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from opsched.timing import host_record
 
-    ap = argparse.ArgumentParser(prog="bench/ort_bench.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench/ort_bench.py", description=doc_summary(__doc__))
     ap.add_argument("--sections", default="ratios,sim2real,apply")
     ap.add_argument("--models", default=",".join(ZOO_MODELS))
     ap.add_argument("--batches", default="1,8")
@@ -313,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "sim2real" in sections:
         result["sim_to_real"] = sim_to_real(models, [int(b) for b in args.sim_batches.split(",") if b.strip()],
                                             cache_dir=args.profiles, quiet_wait_s=args.quiet_wait, progress=say)
-    policy: Any = args.policy
+    policy: Policy | str | None = args.policy
     if policy == "ort-lanes":
         from opsched.policies.ort_lanes import LanePlanner
 

@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ``--contention`` cores and over twice the one-thread time are neither
     fitted nor scored (``OpProfile.suspect_levels``); the report counts them."""
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.perfmodel_accuracy",
-                                 description=__doc__.splitlines()[0])
+                                 description=H.doc_summary(__doc__))
     ap.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo models")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=30)

@@ -53,6 +53,47 @@ def first_tensor(out: Any) -> Any:
     return None
 
 
+def reset_peak_rss() -> float:
+    """Return freed heap pages to the OS (``malloc_trim``) and reset the peak-RSS counter
+    (``/proc/self/clear_refs``): the peak then measures what the timed calls keep resident, not
+    what setting the configuration up once took.  Returns the resident MB now."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status_mb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """Peak resident MB since :func:`reset_peak_rss` (``VmHWM``), else the process's lifetime peak."""
+    hwm = _status_mb("VmHWM")
+    if hwm == hwm:  # not NaN
+        return hwm
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _status_mb(key: str) -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
 def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
     """The callables to time, by name, and facts for the report.  Kinds, each the
     way a user would run the model, nothing tuned on the side:
@@ -73,6 +114,8 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
 
     from opsched.specs import load_torch_model
 
+    if args.kind.startswith("train-"):
+        return build_train_step(args)
     info: dict[str, Any] = {}
     if args.kind == "eager-1t":
         torch.set_num_threads(1)
@@ -153,6 +196,61 @@ def build(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[
     raise RuntimeError(f"unknown kind {args.kind!r}")
 
 
+def build_train_step(args: argparse.Namespace) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """Training-step kinds (one full step per call: forward, loss, backward, the optimizer's update),
+    on zoo model ``--model`` at ``--batch`` / ``--width`` with ``--optimizer`` (SGD with momentum
+    by default), every kind from the same seed:
+
+    * ``train-eager`` / ``train-eager-1t``: ``zero_grad``, forward, loss, ``backward``, ``step`` at
+      PyTorch's default threads / after ``torch.set_num_threads(1)``;
+    * ``train-compile``: the same with ``torch.compile(module)`` (inductor; forward and backward
+      compiled, the optimizer eager), compiled at start-up;
+    * ``train-opsched``: the captured step run on opsched's executor under ``--policy``'s plan
+      (a heuristic's name), the planning model this machine's (``opsched profile`` if cached);
+    * ``train-step``: ``opsched.train_step(--policy or the shipped policy, ...)`` as a user calls it:
+      planned, its candidates timed here, checked against eager - what the product runs."""
+    import torch
+
+    from opsched.adapters.train import TrainingNetwork, eager_step
+    from opsched.specs import load_training
+
+    info: dict[str, Any] = {}
+    if args.kind == "train-eager-1t":
+        torch.set_num_threads(1)
+    net, x, y = load_training(f"zoo:{args.model}", args.batch, args.width, optimizer=args.optimizer)
+    info["torch_threads"] = torch.get_num_threads()
+    if args.kind in ("train-eager", "train-eager-1t"):
+        return {args.kind: lambda: eager_step(net, x, y)}, info
+    if args.kind == "train-compile":
+        compiled = TrainingNetwork(torch.compile(net.module), net.loss_fn, net.optimizer)
+        t0 = time.perf_counter()
+        eager_step(compiled, x, y)
+        eager_step(compiled, x, y)  # the backward graph compiles on the first backward
+        info["compile_s"] = time.perf_counter() - t0
+        return {"train-compile": lambda: eager_step(compiled, x, y)}, info
+    if args.kind in ("train-opsched", "train-step"):
+        import warnings
+
+        import opsched
+        from opsched.scheduled import ScheduleFallbackWarning
+
+        measure = 0 if args.kind == "train-opsched" else 3
+        policy = args.policy or None
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleFallbackWarning)
+            step = opsched.train_step(policy, net.module, net.loss_fn, net.optimizer, x, y, measure=measure)
+        info["setup_s"] = time.perf_counter() - t0
+        info["fallback"] = step.fallback_reason or ("; ".join(str(w.message) for w in caught) or None)
+        info["plan"] = step.plan.policy if step.plan is not None else None
+        info["chosen"] = step.plan.meta.get("chosen") if step.plan is not None else None
+        info["threads"] = sorted({a.threads for a in step.plan.assignments.values()}) if step.plan else None
+        info["busy_cores"] = step.machine.cpu.busy_cores
+        info["ops"] = len(step.graph.ops) if step.graph is not None else None
+        return {args.kind: lambda: step(x, y)}, info
+    raise RuntimeError(f"unknown kind {args.kind!r}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Protocol: stdout carries JSON lines only (the real stdout is duplicated for
     it and fd 1 pointed at stderr, so library prints cannot corrupt it).  First
@@ -162,11 +260,15 @@ def main(argv: list[str] | None = None) -> None:
     ``--check FILE`` the first output tensor (flattened, float32) of every
     configuration is saved to ``FILE`` (``.npz``, one array per configuration)
     so the driver can compare it with eager's."""
+    from opsched.benchmarks.harness import doc_summary
+
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.real_worker",
-                                 description=__doc__.splitlines()[0])
+                                 description=doc_summary(__doc__))
     ap.add_argument("--kind", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--width", type=float, default=1.0)
+    ap.add_argument("--optimizer", default="sgd", help="train-* kinds: sgd, adam or adamw")
     ap.add_argument("--onnx", default="")
     ap.add_argument("--plans", default="")
     ap.add_argument("--machine", default="")
@@ -196,6 +298,12 @@ def main(argv: list[str] | None = None) -> None:
             return
         if req.get("cmd") == "quit":
             return
+        if req.get("cmd") == "rss_reset":  # from now on: free the heap's unused pages, reset the peak
+            say({"rss_mb": reset_peak_rss()})
+            continue
+        if req.get("cmd") == "rss":  # peak resident memory since the last reset (VmHWM)
+            say({"peak_rss_mb": peak_rss_mb()})
+            continue
         try:
             fn = fns[req["name"]]
             times = []

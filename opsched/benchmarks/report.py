@@ -47,7 +47,7 @@ def headline(real: dict[str, Any]) -> tuple[list[str], str, list[dict[str, Any]]
             continue
         eager_ms = g["time_s"]["eager"]["median"] * 1e3
         alts = {a: g["ratio"][a]["median"] for a in ("eager", *ALTERNATIVES) if a in g.get("ratio", {})}
-        best = min(alts, key=alts.get)
+        best = min(alts, key=alts.__getitem__)
         mine = [g.get("ratio", {}).get(k, {}).get("median") for k in (_resolve(g, col), "opsched-ort")]
         ours = min((x for x in mine if x), default=None)  # the faster of opsched's two runtimes
         gap = ours / alts[best] if ours else None
@@ -113,7 +113,7 @@ def md_real(real: dict[str, Any]) -> list[str]:
         alts = {a: g["ratio"][a]["median"] for a in ("eager", *ALTERNATIVES) if a in g.get("ratio", {})}
         if not alts:
             continue
-        best = min(alts, key=alts.get)
+        best = min(alts, key=alts.__getitem__)
         for lab, r in g.get("ratio", {}).items():
             if lab.startswith("opsched:") and r["median"] > alts[best] * 1.02:
                 losses.append(f"{g['model']} b{g['batch']}: opsched {lab[8:]} {r['median']:.2f} vs "

@@ -40,7 +40,7 @@ RUNNERS = {"real": sections.section_real, "keras": sections.section_keras, "sim"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="opsched bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="opsched bench", description=H.doc_summary(__doc__))
     ap.add_argument("--quick", action="store_true", help="smoke run: fewer models, batch 1, few repeats")
     ap.add_argument("--out", default="runs", help="folder that receives bench_<N>/ (default: runs)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model.  The process re-executes itself with :func:`recommended_env` (malloc
     thresholds must be set before it starts) unless ``--no-reexec``."""
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.runtime_overhead",
-                                 description=__doc__.splitlines()[0])
+                                 description=H.doc_summary(__doc__))
     ap.add_argument("--ops", type=int, default=500, help="ops in the tiny graph (even)")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
@@ -219,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # ------------------------------------------------------------ zoo model
     if args.zoo:
+        from torch.utils._pytree import tree_leaves
+
         from opsched.zoo import ZOO
 
         zm, zin = ZOO[args.zoo].build(batch=1)
@@ -228,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         zref = zsrc.run_node_by_node(*zin)
         zout = backend.execute(zg, zseq, zin)
         ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-5)
-                 for a, b in zip(torch.utils._pytree.tree_leaves(zout), torch.utils._pytree.tree_leaves(zref)))
+                 for a, b in zip(tree_leaves(zout), tree_leaves(zref)))
         zconf = {
             "node-by-node@1": at_threads(1, lambda: zsrc.run_node_by_node(*zin)),
             "sequential-1t execute": lambda: backend.execute(zg, zseq, zin),

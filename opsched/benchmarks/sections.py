@@ -26,12 +26,18 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import opsched.benchmarks.harness as H
 import opsched.timing as T
 from opsched.errors import OpschedError
-from opsched.policies import BASELINE, names
+from opsched.policies import BASELINE, Policy, names
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import PerfModel
+    from opsched.graph import OpGraph
+    from opsched.machine import Machine
+    from opsched.plan import Plan
 
 QUICK_MODELS = ("transformer", "lstm")
 #: Calls per configuration per round: as many as fit in this many seconds, at most --iters.
@@ -100,14 +106,14 @@ def onnx_cache_key(model: str, batch: int) -> str:
     return f"{model}_b{batch}_{h.hexdigest()[:12]}.onnx"
 
 
-def policy_plans(graph: Any, machine: Any, model: Any, learned: Any) -> tuple[dict[str, Any], dict[str, float],
-                                                                          dict[str, str], dict[str, str]]:
+def policy_plans(graph: OpGraph, machine: Machine, model: PerfModel, learned: Policy | None
+                 ) -> tuple[dict[str, Plan], dict[str, float], dict[str, str], dict[str, str]]:
     """Every opsched policy's plan for ``graph``: (plans, decision seconds,
     {policy: identical earlier policy}, {policy: failure})."""
     from opsched.policies import get_policy, timed_plan
 
     plans, decide, same, failed = {}, {}, {}, {}
-    pols: list[tuple[str, Any]] = []
+    pols: list[tuple[str, Policy]] = []
     for name in names(BASELINE):
         try:
             pols.append((name, get_policy(name)))
@@ -295,7 +301,8 @@ def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: A
     if args.quick:
         specs = [s for s in specs if not s.startswith("zoo:")][:2] + [s for s in specs if s.startswith("zoo:")][:1]
     presets = [p for p in preset_names() if p != "local"]
-    names = list(heuristic_names()) + ["search"] + (["learned"] if ctx["learned"] is not None else [])
+    learned: Policy | None = ctx["learned"]
+    names = list(heuristic_names()) + ["search"] + (["learned"] if learned is not None else [])
     task = bar.add_task("2 simulator scale", total=len(specs) * len(presets) * len(names), detail="")
     graphs, rows, skipped = {}, [], {}
     for spec in specs:
@@ -316,8 +323,12 @@ def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: A
             for name in names:
                 bar.update(task, detail=f"{pname} {spec} {name}")
                 try:
-                    pol = (ctx["learned"] if name == "learned" else
-                           get_policy(name, n_trials=args.search_trials) if name == "search" else get_policy(name))
+                    if name == "learned":
+                        assert learned is not None  # "learned" is among the names only when there is one
+                        pol = learned
+                    else:
+                        pol = (get_policy(name, n_trials=args.search_trials) if name == "search"
+                               else get_policy(name))
                     plan, dt = timed_plan(pol, graph, machine)
                     ms = float(sim.run(graph, plan).makespan)
                 except Exception as exc:
@@ -475,13 +486,15 @@ def section_costs(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar:
             res[key] = {"skipped": f"{type(exc).__name__}: {exc}"}
         bar.update(task, advance=1)
     bar.update(task, detail="planning time")
+    planning: dict[str, Any]
     try:
-        res["planning"] = planning_times(ctx, args.quick)
+        planning = planning_times(ctx, args.quick)
     except Exception as exc:
-        res["planning"] = {"skipped": f"{type(exc).__name__}: {exc}"}
+        planning = {"skipped": f"{type(exc).__name__}: {exc}"}
+    res["planning"] = planning
     ps = res.get("plan_speed", {}).get("summary", {}).get("by_size", {})
-    if "rows" in res.get("planning", {}):
-        res["planning"]["rows"] += [{"ops": int(n), "policy": "learned (plan_speed, CPU)",
+    if "rows" in planning:
+        planning["rows"] += [{"ops": int(n), "policy": "learned (plan_speed, CPU)",
                                      "median_ms": v["median_cpu_ms"], "max_ms": v.get("max_cpu_ms")}
                                     for n, v in ps.items() if "median_cpu_ms" in v]
     bar.update(task, advance=1, detail="train run")

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsched.backends.runtime_fit import (
     DETAIL_PLANS,
@@ -38,11 +38,17 @@ from opsched.backends.runtime_fit import (
     scores,
     simulate,
 )
-from opsched.benchmarks.harness import DEFAULT_OUT, save_figure
+from opsched.benchmarks.harness import DEFAULT_OUT, doc_summary, save_figure
 from opsched.cache import profiles_dir
 from opsched.errors import OpschedError
 from opsched.timing import summary
 from opsched.zoo import ZOO
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import PerfModel
+    from opsched.graph import OpGraph
+    from opsched.machine import Machine
+    from opsched.plan import Plan
 
 ZOO_MODELS = tuple(ZOO)
 TARGET_MDAPE = 0.15
@@ -70,8 +76,8 @@ def fitted_on_digests(graph: Any, machine: Any, cache_dir: str | Path) -> set[st
         return set()  # an unreadable record is skipped by the fit too (runtime_fit.load_runs)
 
 
-def evaluation_plans(graph: Any, machine: Any, model: Any, n: int, seen: set[str]
-                     ) -> tuple[dict[str, Any], set[str]]:
+def evaluation_plans(graph: OpGraph, machine: Machine, model: PerfModel, n: int, seen: set[str]
+                     ) -> tuple[dict[str, Plan], set[str]]:
     """At least ``n`` *fresh* plans (made with :data:`FRESH_SEED` by ``model``, none
     of them in ``seen``), plus ``DETAIL_PLANS`` even when seen (their per-op
     durations feed the left-out refit); returns the plans and the fresh names."""
@@ -97,7 +103,7 @@ def score(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, float] | Non
     return scores(sim, meas)
 
 
-def analyse(runs: Sequence[RuntimeRun], machine: Any, planning: Any, perf: Any,
+def analyse(runs: Sequence[RuntimeRun], machine: Machine, planning: PerfModel, perf: PerfModel,
             fresh: Mapping[str, set[str]]) -> dict[str, Any]:
     """Per plan its measured time and the three simulated columns (:data:`COLUMNS`);
     per model and pooled the scores over the fresh plans."""
@@ -313,7 +319,8 @@ def check_reuse(data: Mapping[str, Any], model: str, plans: Mapping[str, Any]) -
 
 # ====================================================================== run
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.sim_to_real", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.sim_to_real",
+                                 description=doc_summary(__doc__, paragraph=True))
     ap.add_argument("--models", default=",".join(ZOO_MODELS), help="comma-separated zoo models")
     ap.add_argument("--plans-per-model", type=int, default=24, help="fresh plans per model (at least 20)")
     ap.add_argument("--rounds", type=int, default=0, help="measured rounds: samples per plan (default 5; quick 3)")
@@ -348,7 +355,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def headline_model(machine: Any, profiles: str | Path) -> Any:
+def headline_model(machine: Machine, profiles: str | Path) -> PerfModel:
     """What ``opsched apply`` plans with on ``machine`` (CPU only) from ``profiles``."""
     from opsched.planning import planning_model, quiet_profiles
 

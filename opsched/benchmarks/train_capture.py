@@ -31,10 +31,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import opsched.benchmarks.harness as H
 from opsched.timing import host_record, interleave, wall_clock
+
+if TYPE_CHECKING:
+    from opsched.engine.contracts import Backend
+    from opsched.machine import Machine
 
 
 def _reexec_with_env(argv: Sequence[str]) -> None:
@@ -46,8 +50,8 @@ def _reexec_with_env(argv: Sequence[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *argv], {**os.environ, **env})
 
 
-def measure_model(name: str, batch: int, width: float, rounds: int, warmup: int, machine: Any,
-                  backend: Any) -> dict[str, Any]:
+def measure_model(name: str, batch: int, width: float, rounds: int, warmup: int, machine: Machine,
+                  backend: Backend) -> dict[str, Any]:
     import torch
 
     from opsched.importers.torch_step import StepRunner, capture_step
@@ -122,7 +126,7 @@ def _markdown(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.train_capture",
-                                 description=__doc__.splitlines()[0])
+                                 description=H.doc_summary(__doc__))
     ap.add_argument("--models", default="randwire,inception")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--width", type=float, default=1.0)

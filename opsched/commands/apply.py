@@ -17,6 +17,7 @@ from rich.table import Table
 
 from opsched.backends.registry import help_text, names
 from opsched.commands.app import app, console_for, progress_option, want_progress
+from opsched.commands.flags import parse_bytes
 from opsched.errors import OpschedError
 from opsched.measured import DEFAULT_TOP
 from opsched.progress import progress_bar
@@ -87,6 +88,9 @@ def apply_cmd(
     optimizer: str = typer.Option("sgd", "--optimizer", help="Train mode: sgd (lr 0.01, momentum 0.9), adam "
                                   "(lr 1e-3) or adamw (lr 1e-3, weight decay 0.01)."),
     lr: float = typer.Option(None, "--lr", help="Train mode: the optimizer's learning rate (default: as above)."),
+    memory_limit: str = typer.Option(None, "--memory-limit", help="Most activation memory a plan may keep alive at "
+                                     "once, e.g. 2GB (default: this machine's memory); a plan over it is replaced by "
+                                     "one under it, else the model runs eagerly.", show_default=False),
     perf_model: str = typer.Option("auto", "--perf-model", help="Planning model: auto (this machine's profiles "
                                    "plus the runtime model `opsched profile` fitted, if cached; else analytic), "
                                    "analytic, or fitted."),
@@ -108,7 +112,8 @@ def apply_cmd(
 
         result = run_apply(model, policy, backend=backend, batch=batch, width=width, repeats=repeats, warmup=warmup,
                            plan_file=plan, save_plan=save_plan, perf_model=perf_model, on_call=on_call,
-                           measure=measure, mode=mode, optimizer=optimizer, lr=lr)
+                           measure=measure, mode=mode, optimizer=optimizer, lr=lr,
+                           memory_limit=parse_bytes(memory_limit))
     print_result(result, console)
     if save_plan is not None:
         console.print(f"plan saved to {save_plan} (run it again with --plan {save_plan})")

@@ -43,12 +43,14 @@ from rich.table import Table
 
 from opsched.backends.registry import help_text
 from opsched.commands.app import app, console_for, progress_option, want_progress
+from opsched.engine.contracts import WorkerProcesses
 from opsched.errors import OpschedError
 from opsched.progress import progress_bar
 
-CSV_FIELDS = ("graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
-              "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s",
-              "lp_bound_s", "tight_lb_ratio", "best_known_s", "best_known_ratio")
+CSV_FIELDS: tuple[str, ...] = (
+    "graph", "policy", "backend", "machine", "n_ops", "makespan_s", "min_s", "max_s", "iqr_s",
+    "repeats", "speedup", "lb_ratio", "decision_s", "lower_bound_s",
+    "lp_bound_s", "tight_lb_ratio", "best_known_s", "best_known_ratio")
 
 
 @dataclass
@@ -238,7 +240,7 @@ def run_compare(graphs: list[str], machine_name: str, backend_name: str, policy_
 
                 configs = {r.policy: (lambda r=r: run_once(r)) for r in rows}
                 t = interleave(configs, warmup if measured else 0, repeats, on_call=step,
-                               pids=backend.worker_pids() if hasattr(backend, "worker_pids") else ())
+                               pids=backend.worker_pids() if isinstance(backend, WorkerProcesses) else ())
                 done += len(rows) * (repeats + (warmup if measured else 0))
                 for r in rows:
                     r.times = t.samples[r.policy]

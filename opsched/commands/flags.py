@@ -78,3 +78,19 @@ def typed_command(ctx: Any) -> list[str]:
         for v in values:
             argv += [longest, str(v)]
     return argv
+
+
+def parse_bytes(text: str | None, flag: str = "--memory-limit") -> float | None:
+    """``"2GB"``, ``"512MB"``, ``"1.5GiB"`` or a number of bytes -> bytes (None stays None)."""
+    import re
+
+    from opsched.errors import OpschedError
+
+    if text is None or not str(text).strip():
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]i?[bB]?|[bB])?\s*", str(text))
+    if not m:
+        raise OpschedError(f"{flag} {text!r}: expected a size such as 2GB, 512MB or a number of bytes")
+    unit = (m.group(2) or "b").lower().rstrip("b")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}[unit]
+    return float(m.group(1)) * scale

@@ -110,7 +110,7 @@ def profile_cmd(
     with console.status(f"importing {spec}" + (" (training step)" if mode == "train" else "")):
         if mode == "train":
             from opsched.importers.torch_step import capture_step
-            from opsched.training import load_training
+            from opsched.specs import load_training
 
             net, x, y = load_training(spec, batch, width, seed, optimizer=optimizer)
             graph = capture_step(net.module, net.loss_fn, net.optimizer, x, y, name=f"{spec}:train")

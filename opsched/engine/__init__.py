@@ -17,7 +17,7 @@ the contracts, and the simulator imports the analytic model).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "TimeTable": "contracts", "PerfModel": "contracts", "RuntimeModel": "contracts", "Backend": "contracts",
@@ -30,6 +30,23 @@ _EXPORTS = {
     "Episode": "episode", "run_episode": "episode",
 }
 
+if TYPE_CHECKING:  # the names above, for type checkers (imported on first use at run time)
+    from opsched.engine.coarsen import Coarsening, coarsen
+    from opsched.engine.contracts import Backend, PerfModel, RuntimeModel, TimeTable
+    from opsched.engine.episode import Episode, run_episode
+    from opsched.engine.layout import LEVEL_KEY, MAX_DEVICES, MAX_LEVELS, OBS_KEYS, ActionLayout
+    from opsched.engine.observe import EpisodeData, Observer, prepare_episode
+    from opsched.engine.sim import (
+        SimState,
+        SimStatic,
+        cached_fingerprint,
+        default_perf_model,
+        lower_bound,
+        prepare,
+        replay,
+        sequential_makespan,
+    )
+
 
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
@@ -38,4 +55,10 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"opsched.engine.{mod}"), name)
 
 
-__all__ = sorted(_EXPORTS)
+#: Literal, so type checkers read it: the sorted names of ``_EXPORTS`` (tests/test_lazy_exports.py).
+__all__ = [
+    "ActionLayout", "Backend", "Coarsening", "Episode", "EpisodeData", "LEVEL_KEY", "MAX_DEVICES",
+    "MAX_LEVELS", "OBS_KEYS", "Observer", "PerfModel", "RuntimeModel", "SimState", "SimStatic", "TimeTable",
+    "cached_fingerprint", "coarsen", "default_perf_model", "lower_bound", "prepare", "prepare_episode",
+    "replay", "run_episode", "sequential_makespan",
+]

@@ -306,18 +306,18 @@ def allocation_lp(graph: OpGraph, machine: Machine, model: PerfModel | None = No
     x = np.clip(res.x[:nx], 0.0, 1.0)
     weights = []
     durations = np.zeros(n)
-    placement = np.zeros((n, nd))
+    on_device = np.zeros((n, nd))  # AllocationLP.placement (the parameter ``placement`` is the fixed one)
     for i in range(n):
-        w: dict[tuple[int, int], float] = {}
+        mix: dict[tuple[int, int], float] = {}
         for k, a in enumerate(cand[i]):
             v = float(x[col0[i] + k])
             if v > 1e-9:
-                w[(a.device, a.threads)] = w.get((a.device, a.threads), 0.0) + v
+                mix[(a.device, a.threads)] = mix.get((a.device, a.threads), 0.0) + v
                 durations[i] += v * a.time
-                placement[i, a.device] += v
-        weights.append(w)
+                on_device[i, a.device] += v
+        weights.append(mix)
     lp = float(res.fun) * unit
-    return AllocationLP(max(old, lp * (1.0 - LP_SAFETY)), lp, old, tuple(weights), durations, placement,
+    return AllocationLP(max(old, lp * (1.0 - LP_SAFETY)), lp, old, tuple(weights), durations, on_device,
                         thread_counts, "optimal", seconds, tuple(tuple(c) for c in cand))
 
 
@@ -524,7 +524,7 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
             spans[key] = float(replay(s, plan)[0].now)
         except ExecutionError:
             spans[key] = float("inf")
-    best = min(spans, key=spans.get)
+    best = min(spans, key=spans.__getitem__)
     plan = Plan(plans[best].assignments, plans[best].graph_fingerprint, plans[best].machine_fingerprint, "cpsat",
                 {"cp_status": name, "cp_makespan_s": float(res["objective"]) * unit, "lower_bound_s": bound,
                  "replay": best, "replays": spans, "time_limit_s": time_limit_s})

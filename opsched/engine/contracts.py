@@ -71,7 +71,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -121,54 +121,74 @@ class RuntimeModel(Protocol):
     multi-threaded op's cost once several threads hold OpenMP teams;
     ``thread_switch_s`` waking an idle OpenMP team."""
 
-    name: str
-    backend: str
-    handoff_s: float
-    spin_s: float
-    team_overhead_s: float
-    thread_switch_s: float
+    #: One per kind of runtime model (``torch-cpu-runtime``) and the backend it models.
+    name: ClassVar[str]
+    backend: ClassVar[str]
+
+    # Read-only members (properties): a frozen dataclass field or a plain attribute provides one.
+    @property
+    def handoff_s(self) -> float: ...
+    @property
+    def spin_s(self) -> float: ...
+    @property
+    def team_overhead_s(self) -> float: ...
+    @property
+    def thread_switch_s(self) -> float: ...
 
     def op_times(self, graph: OpGraph, machine: Machine, table: TimeTable) -> TimeTable:
         """The ops' times inside a run, from their profiled (alone, in a loop) ``table``."""
+        ...
 
     def op_time(self, op: Op, device: Device, alone_s: float) -> float:
         """One op's time inside a run from its alone time (all its weights cold)."""
+        ...
 
     def corun_slowdown(self, device: Device, factors: Sequence[float], times: Sequence[float]) -> list[float]:
         """Slowdown factors of ops co-running on ``device``, from the performance
         model's ``factors`` and each op's alone seconds ``times``."""
+        ...
 
     def opens_parallel_region(self, op: Op) -> bool:
         """Whether a multi-threaded run of ``op`` enters an OpenMP parallel region."""
+        ...
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (saved beside the profiles)."""
+        ...
 
 
 @runtime_checkable
 class PerfModel(Protocol):
     """How long ops take: alone, in transfers, and co-running."""
 
-    name: str
-    #: What a real backend adds (None: the ops alone).
-    runtime: RuntimeModel | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def runtime(self) -> RuntimeModel | None:
+        """What a real backend adds (None: the ops alone)."""
+        ...
 
     def op_time(self, op: Op, device: Device, threads: int) -> float:
         """Seconds of ``op`` alone on ``device`` with ``threads``."""
+        ...
 
     def time_table(self, graph: OpGraph, machine: Machine) -> TimeTable:
         """Every op x device x thread level of ``machine``."""
+        ...
 
     def transfer_time(self, nbytes: float, src: str, dst: str, machine: Machine) -> float:
         """Seconds to move ``nbytes`` from device ``src`` to ``dst``."""
+        ...
 
     def slowdown(self, device: Device, demands: np.ndarray) -> np.ndarray:
         """Co-run interference: factors >= 1 of ops computing together on
         ``device``, from each one's alone memory-bandwidth demand (GB/s)."""
+        ...
 
     def occupancy(self, op: Op, device: Device) -> float:
         """The share of a GPU's compute ``op`` fills alone (0 on a CPU): ops on
         concurrent streams whose shares add up to more than 1 share the GPU."""
+        ...
 
 
 @runtime_checkable
@@ -181,18 +201,44 @@ class Backend(Protocol):
     ``inputs``.  Real backends hold threads or processes until ``close()``
     (they are context managers)."""
 
-    name: str
-    measured: bool
-    machine: Machine
+    @property
+    def name(self) -> str: ...
+    @property
+    def measured(self) -> bool:
+        """True when ``run`` measures real time (so results vary run to run)."""
+        ...
+    @property
+    def machine(self) -> Machine: ...
 
     def run(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any] | None = None) -> Trace:
         """Execute ``plan`` (on ``inputs``, default the graph's example inputs) and return its Trace."""
+        ...
 
     def execute(self, graph: OpGraph, plan: Plan, inputs: Sequence[Any]) -> Any:
         """Execute ``plan`` on ``inputs`` and return the model's outputs."""
+        ...
 
     def close(self) -> None:
         """Release threads, processes and devices (idempotent)."""
+        ...
+
+    def __enter__(self) -> Backend:
+        """``with get_backend(...) as backend:`` closes it on leaving."""
+        ...
+
+    def __exit__(self, *exc: object) -> None:
+        """Calls :meth:`close`."""
+        ...
 
 
-__all__ = ["Backend", "PerfModel", "RuntimeModel", "TimeTable"]
+@runtime_checkable
+class WorkerProcesses(Protocol):
+    """A backend whose ops run in worker processes (``tf``): their CPU time is the
+    backend's own, not other processes' load (``opsched.timing.interleave(pids=...)``)."""
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the live workers."""
+        ...
+
+
+__all__ = ["Backend", "PerfModel", "RuntimeModel", "TimeTable", "WorkerProcesses"]

@@ -309,6 +309,8 @@ class SimState:
         self.cores: list[tuple[int, ...] | None] = [None] * n
         self.free = list(s.caps)
         self.mem_bytes = [0.0] * nd
+        #: per device, the most bytes of live outputs at any instant (co-running keeps more alive)
+        self.peak_bytes = [0.0] * nd
         self.n_done = 0
         self.newly_ready: list[int] = []
         self._slots = [list(range(c)) for c in s.caps]
@@ -469,6 +471,8 @@ class SimState:
         del slots[:k]
         mem = self.mem_bytes
         mem[d] += s.out_bytes[i]
+        if mem[d] > self.peak_bytes[d]:
+            self.peak_bytes[d] = mem[d]
         arrive = now
         device = self.device
         for p in s.preds[i]:
@@ -711,7 +715,9 @@ class SimState:
 
         self.free[d] += self.threads[i]
         slots = self._slots[d]
-        slots.extend(self.cores[i])
+        cores = self.cores[i]
+        assert cores is not None  # set when op i started (start_unchecked)
+        slots.extend(cores)
         slots.sort()
         self._computing[d].remove(i)
         self._dirty.add(d)
@@ -757,10 +763,13 @@ class SimState:
                 wait = wait - self.handoff_wait[i] if wait - self.handoff_wait[i] > 1e-12 else 0.0
             if wait > 0.0:
                 waits[ids[i]] = wait
-            lane = self.cores[i][0] if s.devices[d].is_gpu else None
-            events.append(TraceEvent(ids[i], start, end, s.dev_ids[d], self.threads[i], self.cores[i], lane))
+            cores = self.cores[i]
+            assert cores is not None  # every started op holds its core slots
+            lane = cores[0] if s.devices[d].is_gpu else None
+            events.append(TraceEvent(ids[i], start, end, s.dev_ids[d], self.threads[i], cores, lane))
         if waits:
             meta["transfer_wait"] = waits
+        meta["peak_bytes"] = {s.dev_ids[d]: float(b) for d, b in enumerate(self.peak_bytes) if b > 0}
         if self._handoff:
             meta["handoff_wait"] = handoffs
             meta["wake_end_s"] = self.wake_end
@@ -768,6 +777,10 @@ class SimState:
 
 
 # ----------------------------------------------------------- plan replay
+#: An op's ``after`` list when the plan gives it none (typed: ``[()] * n`` is a list of ``tuple[()]``).
+_NO_AFTER: tuple[int, ...] = ()
+
+
 def replay(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> tuple[SimState, bool]:
     """Run ``plan`` (already validated for ``s.graph`` and ``s.machine``) to the
     end with the plan semantics' greedy dispatch; returns the finished state and
@@ -788,7 +801,7 @@ def replay(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> tu
         prio[i] = a.priority
         if a.after:
             if after is None:
-                after = [()] * n
+                after = [_NO_AFTER] * n
             after[i] = tuple(index[x] for x in a.after)
     order = sorted(range(n), key=lambda i: (-prio[i], i))
     rank = [0] * n
@@ -900,11 +913,16 @@ class Simulator:
             noise = rng.lognormal(0.0, self.noise, s.n).tolist()
         st, throttled = replay(s, plan, noise)
         meta = {"omp_throttled": True} if throttled else {}
-        return st.trace("sim", model=self.model.name, noise=self.noise, policy=plan.policy, **meta)
+        return st.trace("sim", None, model=self.model.name, noise=self.noise, policy=plan.policy, **meta)
 
     def makespan(self, graph: OpGraph, plan: Plan) -> float:
         """Seconds ``plan`` takes on this machine under the model."""
         return float(self.run(graph, plan).makespan)
+
+    def peak_bytes(self, graph: OpGraph, plan: Plan, device: str = "cpu") -> float:
+        """The most bytes of op outputs ``plan`` keeps alive at once on ``device`` (the activations
+        a co-running schedule holds that a sequential one would have freed; weights not counted)."""
+        return float(self.run(graph, plan).meta.get("peak_bytes", {}).get(device, 0.0))
 
 
 # ----------------------------------------------------------- lower bound

@@ -16,7 +16,7 @@ nor TensorFlow.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "from_torch": "opsched.importers.torch_fx",
@@ -31,7 +31,17 @@ _LAZY = {
     "TFSource": "opsched.importers.tf_graph",
 }
 
-__all__ = sorted(_LAZY)
+if TYPE_CHECKING:  # the names above, for type checkers (imported on first use at run time)
+    from opsched.importers.tf_graph import TFSource, from_keras, from_tf_function
+    from opsched.importers.torch_aten import capture_inference
+    from opsched.importers.torch_fx import CompiledOp, Slot, TorchSource, from_torch
+    from opsched.importers.torch_step import StepRunner, capture_step
+
+#: Literal, so type checkers read it: the sorted names of ``_LAZY`` (tests/test_lazy_exports.py).
+__all__ = [
+    "CompiledOp", "Slot", "StepRunner", "TFSource", "TorchSource", "capture_inference", "capture_step",
+    "from_keras", "from_tf_function", "from_torch",
+]
 
 
 def __getattr__(name: str) -> Any:

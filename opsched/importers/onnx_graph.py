@@ -411,8 +411,9 @@ def _value_infos(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, ValueInf
         inferred = onnx.shape_inference.infer_shapes(model)
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             tt = vi.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            if tt.elem_type and tt.HasField("shape") and None not in dims:
+            dims = [d.dim_value for d in tt.shape.dim if d.HasField("dim_value")]
+            # every dimension known
+            if tt.elem_type and tt.HasField("shape") and len(dims) == len(tt.shape.dim):
                 values.setdefault(vi.name, ValueInfo(tuple(int(d) for d in dims),
                                                      str(helper.tensor_dtype_to_np_dtype(tt.elem_type))))
     except Exception:  # noqa: BLE001 - contrib ops: the run below fills in every value
@@ -468,7 +469,7 @@ def from_onnx(model: str | Path | bytes | Any, inputs: Sequence[Any] | None = No
     data = proto.SerializeToString() if not isinstance(model, (bytes, str, Path)) else _load_bytes(model)
     graph_inputs = _graph_inputs(proto)
     if name is None:
-        name = Path(model).stem if isinstance(model, (str, Path)) else (proto.graph.name or "onnx")
+        name = Path(model).stem if isinstance(model, (str, Path)) else str(proto.graph.name or "onnx")
     if inputs is None:
         arrays = example_inputs(proto, batch, seed)
     else:

@@ -121,7 +121,7 @@ class TFSource:
     def graph_def_proto(self) -> Any:
         from tensorflow.core.framework import graph_pb2
 
-        gd = graph_pb2.GraphDef()
+        gd = graph_pb2.GraphDef()  # pyright: ignore[reportAttributeAccessIssue] - generated protobuf, no stubs
         gd.ParseFromString(self.graph_def)
         return gd
 

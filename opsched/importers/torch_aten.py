@@ -46,7 +46,7 @@ import operator
 import os
 import re
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -401,7 +401,7 @@ def _merge_groups(gm: fx.GraphModule, groups: dict[str, list[fx.Node]],
 
 
 def build_opgraph(gm: fx.GraphModule, flat_inputs: Sequence[Any], name: str, meta: dict[str, Any],
-                  persistent: set[str] = frozenset(), phase_of: Callable[[fx.Node], str] | None = None,
+                  persistent: Collection[str] = frozenset(), phase_of: Callable[[fx.Node], str] | None = None,
                   out_tree: Any = None, merge_key: Callable[[fx.Node], Any] | None = None,
                   order: Sequence[tuple[fx.Node, fx.Node]] = ()) -> Captured:
     """Group ``gm``'s nodes into ops and build the OpGraph with an :class:`AtenSource`.

@@ -58,6 +58,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.node import map_aggregate, map_arg
 from torch.fx.passes.shape_prop import ShapeProp, _extract_tensor_metadata
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -294,7 +295,9 @@ class _Prop(ShapeProp):
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "call_method":
-            self.is_tensor_self[n.name] = isinstance(self.env.get(n.args[0]), torch.Tensor)
+            a0 = n.args[0]
+            self.is_tensor_self[n.name] = (isinstance(a0, fx.Node)
+                                           and isinstance(self.env.get(a0), torch.Tensor))
         before = self.counter.get_total_flops()
         try:
             # Run through the plain Interpreter (ShapeProp's own run_node prints
@@ -304,12 +307,13 @@ class _Prop(ShapeProp):
         except Exception as exc:
             where = [f"at {_node_location(n)}"]
             if n.op == "call_module":
-                where.insert(0, f"in module {n.target} ({type(self.module.get_submodule(n.target)).__name__})")
+                sub = self.module.get_submodule(_path(n))
+                where.insert(0, f"in module {n.target} ({type(sub).__name__})")
             raise ModelImportError(
                 f"running fx node {n.name!r} ({n.format_node()}) on the example inputs failed: "
                 f"{type(exc).__name__}: {_first_line(exc)} [{'; '.join(where)}]"
             ) from exc
-        metas = fx.node.map_aggregate(
+        metas = map_aggregate(
             result, lambda x: _extract_tensor_metadata(x) if isinstance(x, torch.Tensor) else x
         )
         if _tensors(result):
@@ -326,6 +330,13 @@ class _Prop(ShapeProp):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _path(n: fx.Node) -> str:
+    """The target of a ``call_module`` / ``get_attr`` node (a dotted attribute path) or
+    of a ``call_method`` node (the method's name): fx stores those as strings."""
+    assert isinstance(n.target, str), n.format_node()
+    return n.target
 
 
 def _node_location(n: fx.Node) -> str:
@@ -357,7 +368,7 @@ def _is_bookkeeping(n: fx.Node, gm: fx.GraphModule) -> bool:
     if n.op == "call_method":
         return n.target in _BOOKKEEPING_METHODS
     if n.op == "call_module":
-        m = gm.get_submodule(n.target)
+        m = gm.get_submodule(_path(n))
         return isinstance(m, _BOOKKEEPING_MODULES) or (isinstance(m, nn.modules.dropout._DropoutNd) and not m.training)
     return False
 
@@ -368,7 +379,7 @@ def _is_inplace(n: fx.Node, gm: fx.GraphModule) -> bool:
     if n.op == "call_method":
         return n.target.endswith("_") and not n.target.endswith("__")
     if n.op == "call_module":
-        return getattr(gm.get_submodule(n.target), "inplace", False) is True
+        return getattr(gm.get_submodule(_path(n)), "inplace", False) is True
     return False
 
 
@@ -399,7 +410,8 @@ def _group(gm: fx.GraphModule,
     # Pending nodes read only graph inputs/constants: join their single consumer.
     for n in reversed(pending):
         users = {owner.get(u) for u in n.users}
-        owner[n] = users.pop() if len(users) == 1 and None not in users else n
+        only = users.pop() if len(users) == 1 else None
+        owner[n] = only if only is not None else n
     groups: dict[str, list[fx.Node]] = {}
     order = {n: i for i, n in enumerate(nodes)}
     for n in sorted(nodes, key=lambda x: (order[owner[x]], order[x])):
@@ -413,7 +425,7 @@ def _group(gm: fx.GraphModule,
 
 def _kind(n: fx.Node, gm: fx.GraphModule) -> str:
     if n.op == "call_module":
-        m = gm.get_submodule(n.target)
+        m = gm.get_submodule(_path(n))
         for types, kind in _MODULE_KINDS:
             if isinstance(m, types):
                 return kind
@@ -490,7 +502,7 @@ def from_torch(module: nn.Module, example_inputs: tuple, name: str | None = None
         read_vals: set[fx.Node] = set()
         for n in ns:
             if n.op == "call_module":
-                m = gm.get_submodule(n.target)
+                m = gm.get_submodule(_path(n))
                 pbytes += sum(t.numel() * t.element_size() for t in m.parameters())
                 pbytes += sum(t.numel() * t.element_size() for t in m.buffers())
             keeps = _is_bookkeeping(n, gm)  # views and size queries move no data
@@ -598,7 +610,7 @@ def _make_source(gm: fx.GraphModule, example_inputs: tuple, groups: dict[str, li
         if n.op.startswith("call_"):
             slot_of[n.name] = len(slot_of)
     out_node = next(n for n in nodes if n.op == "output")
-    output_spec = fx.node.map_arg(out_node.args[0], lambda a: Slot(slot_of[a.name]))
+    output_spec = map_arg(out_node.args[0], lambda a: Slot(slot_of[a.name]))
     return TorchSource(
         gm=gm,
         example_inputs=example_inputs,
@@ -647,11 +659,11 @@ class _CodeGen:
         kwargs = [f"{k}={self.expr(x)}" if k.isidentifier() else f"**{{{k!r}: {self.expr(x)}}}"
                   for k, x in n.kwargs.items()]
         if n.op == "call_module":
-            fn = self.const(self.gm.get_submodule(n.target))
+            fn = self.const(self.gm.get_submodule(_path(n)))
         elif n.op == "call_function":
             fn = self.const(n.target)
         else:  # call_method
-            meth = getattr(torch.Tensor, n.target, None) if tensor_self else None
+            meth = getattr(torch.Tensor, _path(n), None) if tensor_self else None
             if meth is not None:
                 fn = self.const(meth)
             else:

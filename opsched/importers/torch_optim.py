@@ -83,7 +83,7 @@ class ParamRule:
 
 def _check_hooks(optimizer: torch.optim.Optimizer) -> None:
     """Refuse optimizer step hooks: the captured step does not call ``optimizer.step()``."""
-    from torch.optim import optimizer as optimizer_mod
+    import torch.optim.optimizer as optimizer_mod
 
     for attr, owner in (("_optimizer_step_pre_hooks", optimizer), ("_optimizer_step_post_hooks", optimizer),
                         ("_global_optimizer_pre_hooks", optimizer_mod), ("_global_optimizer_post_hooks", optimizer_mod)):

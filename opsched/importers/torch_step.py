@@ -287,7 +287,7 @@ def _trace_step(module: nn.Module, loss_fn: Callable, optimizer: torch.optim.Opt
         Y = pytree.tree_unflatten([next(it) for _ in y_leaves], y_spec)
         xs = X if isinstance(X, tuple) else (X,)
 
-        def loss_of(P: dict, B: dict) -> tuple[torch.Tensor, tuple]:
+        def loss_of(P: dict, B: dict) -> tuple[torch.Tensor, dict]:
             with fx_traceback.annotate({"phase": "forward"}):
                 out = torch.func.functional_call(module, ({**P, **F}, B), xs)
                 loss = loss_fn(out, Y)
@@ -470,6 +470,9 @@ class StepRunner:
                                    "capture it with opsched.importers.torch_step.capture_step")
         self.graph = graph
         self.source: StepSource = src
+        #: The source's layout and update rule (never None on a captured step: checked above).
+        self.layout: StepLayout = src.layout
+        self.rule: UpdateRule = src.rule
         self.module = module
         self.optimizer = optimizer
         for what, sig, captured in (("parameters", _param_sig(module), src.param_sig),
@@ -514,21 +517,21 @@ class StepRunner:
         for m in modules:
             if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
                 check_capturable(self.module, f"step {name!r}")  # raises, naming the hook
-        src.rule.check_unchanged(self.optimizer, self._name_of)
+        self.rule.check_unchanged(self.optimizer, self._name_of)
         return xs, ys
 
     # ------------------------------------------------------------ one step
     def inputs(self, x: Any, y: Any) -> tuple:
         """The flat graph inputs of one step on ``x``, ``y`` (after :meth:`check`)."""
         xs, ys = self.check(x, y)
-        rule = self.source.rule
+        rule = self.rule
         return tuple([p.detach() for p in self._param_in] + list(self.buffers.values())
                      + rule.state_inputs(self.optimizer, self.params) + rule.host_scalars(self.optimizer, self.params)
                      + xs + ys)
 
     def write_back(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> torch.Tensor:
         """Store a step's ``outputs`` into the module and optimizer; return the loss."""
-        lay = self.source.layout
+        lay = self.layout
         if len(outputs) != len(lay.outputs):
             raise ModelImportError(f"step {self.graph.name!r}: expected {len(lay.outputs)} outputs, "
                                    f"got {len(outputs)}")
@@ -557,7 +560,7 @@ class StepRunner:
                     fresh.discard(id(new))
                 else:
                     t.copy_(new)
-            rule = self.source.rule
+            rule = self.rule
             new_state: dict[str, list[torch.Tensor]] = {n: [] for n in rule.params}
             it = iter(self._state_out)
             for n, r in rule.params.items():

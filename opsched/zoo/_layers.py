@@ -45,6 +45,8 @@ def randomize_bn(module: nn.Module) -> None:
 
     for m in module.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            # the zoo's BN layers track running statistics (track_running_stats, the default)
+            assert m.running_mean is not None and m.running_var is not None
             with torch.no_grad():
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.8, 1.2)

@@ -18,7 +18,13 @@ IMAGE_SIZE = 96
 NUM_CLASSES = 1000
 
 
-class InceptionA(nn.Module):
+class _Block(nn.Module):
+    """An Inception block; ``out_channels``: the channels of its concatenated output."""
+
+    out_channels: int
+
+
+class InceptionA(_Block):
     def __init__(self, cin: int, pool: int, w: float) -> None:
         super().__init__()
         c64, c48, c96 = scaled(64, w), scaled(48, w), scaled(96, w)
@@ -37,7 +43,7 @@ class InceptionA(nn.Module):
                           self.bp(self.pool(x))], 1)
 
 
-class InceptionB(nn.Module):
+class InceptionB(_Block):
     def __init__(self, cin: int, w: float) -> None:
         super().__init__()
         c384, c64, c96 = scaled(384, w), scaled(64, w), scaled(96, w)
@@ -52,7 +58,7 @@ class InceptionB(nn.Module):
         return torch.cat([self.b3(x), self.bd_3(self.bd_2(self.bd_1(x))), self.pool(x)], 1)
 
 
-class InceptionC(nn.Module):
+class InceptionC(_Block):
     def __init__(self, cin: int, c7: int, w: float) -> None:
         super().__init__()
         c192, c7 = scaled(192, w), scaled(c7, w)
@@ -71,7 +77,7 @@ class InceptionC(nn.Module):
         return torch.cat([self.b1(x), self.b7(x), self.b7d(x), self.bp(self.pool(x))], 1)
 
 
-class InceptionD(nn.Module):
+class InceptionD(_Block):
     def __init__(self, cin: int, w: float) -> None:
         super().__init__()
         c192, c320 = scaled(192, w), scaled(320, w)
@@ -86,7 +92,7 @@ class InceptionD(nn.Module):
         return torch.cat([self.b3(x), self.b7(x), self.pool(x)], 1)
 
 
-class InceptionE(nn.Module):
+class InceptionE(_Block):
     def __init__(self, cin: int, w: float) -> None:
         super().__init__()
         c320, c384, c448, c192 = scaled(320, w), scaled(384, w), scaled(448, w), scaled(192, w)
@@ -119,7 +125,7 @@ class InceptionV3(PooledClassifier):
             ConvBNReLU(scaled(64, w), scaled(80, w), 1), ConvBNReLU(scaled(80, w), scaled(192, w), 3),
             nn.MaxPool2d(3, stride=2),
         )
-        blocks: list[nn.Module] = []
+        blocks: list[_Block] = []
         c = scaled(192, w)
         for pool in (32, 64, 64):
             blocks.append(InceptionA(c, pool, w))

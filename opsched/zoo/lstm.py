@@ -54,6 +54,7 @@ class UnrolledLSTM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seq = [x[:, t] for t in range(self.steps)]
         for layer in self.layers:
+            assert isinstance(layer, LSTMLayer)  # self.layers holds LSTMLayers only (__init__)
             h = c = None
             outs = []
             for xt in seq:

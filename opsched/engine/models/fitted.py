@@ -397,7 +397,9 @@ class FittedModel:
         if not known:
             return None
         k0 = min(known)  # extrapolate from the lowest level that knows the kind, along the kind's shape
-        t0 = self.base.op_time(op, self.device, k0) * 10 ** self.neighbours[k0].residual(op.kind, x)
+        r0 = self.neighbours[k0].residual(op.kind, x)
+        assert r0 is not None  # level k0's neighbours know the kind (``known``)
+        t0 = self.base.op_time(op, self.device, k0) * 10**r0
         return self.shape_of(op.kind).prior_for({k0: t0})(threads)
 
     def source(self, op: Op, device: Device, threads: int, graph_fp: str | None = None) -> str:

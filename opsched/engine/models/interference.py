@@ -49,7 +49,8 @@ class InterferenceFit:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InterferenceFit:
-        return cls(**{k: (int(v) if k == "n_pairs" else float(v)) for k, v in data.items()})
+        floats = {k: float(v) for k, v in data.items() if k != "n_pairs"}
+        return cls(**floats, n_pairs=int(data.get("n_pairs", 0)))
 
 
 @dataclass(frozen=True)

@@ -62,11 +62,16 @@ class OrtRuntime(RuntimeRecord):
 
     name: ClassVar[str] = "ort-runtime"
     backend: ClassVar[str] = "ort"
-    team_overhead_s: ClassVar[float] = 0.0
     _FIELDS: ClassVar[tuple[str, ...]] = ("op_overhead_s", "insitu_factor", "handoff_s", "corun_c0", "spin_s",
                                           "thread_switch_s")
     _DEFAULTS: ClassVar[dict[str, float]] = {"insitu_factor": 1.0}
     _REMAKE: ClassVar[str] = "opsched profile --backend ort"
+
+    @property
+    def team_overhead_s(self) -> float:
+        """Always 0: sessions own their pools (see the module docstring); a
+        property, not a field, so it is neither saved nor fitted."""
+        return 0.0
 
     @staticmethod
     def opens_parallel_region(op: Op) -> bool:
