@@ -367,7 +367,7 @@ def _focus_rl(model: MaskablePPO, cfg: TrainConfig, env: Any, graphs: list, mach
     from opsched.agents.vec_envs import focuses
 
     if not focuses(cfg):
-        console.print(f"[yellow]rl_pairs={mode}: these workers play every training pair (Ray or profiled "
+        console.print(f"[yellow]rl_pairs={mode}: these workers play every training pair (profiled or real-backend "
                       "workers do not focus)[/yellow]")
         return
     path = run.path / "rl_pairs.json"
