@@ -37,12 +37,13 @@ a retry of one of them is never left without a worker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,20 +107,59 @@ def make_storage(storage: str | None, out: str | Path, heartbeat: int = 0, max_r
 
         beat = dict(heartbeat_interval=int(heartbeat), grace_period=2 * int(heartbeat),
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry))
-    # Workers started together race to create the schema of a new database; the
-    # loser's create fails (a duplicate table or a UNIQUE violation on the schema
-    # version row).  By then the schema is there - which is what is checked, not
-    # the error's wording - so connecting again succeeds.
+    # Workers started together race to create the schema of a new database.  On
+    # PostgreSQL the creation is serialized with a session advisory lock (its DDL is
+    # transactional, so a loser cannot even see the winner's half-made schema to
+    # decide it lost).  Elsewhere the loser's create fails (a duplicate table or a
+    # UNIQUE violation on the schema version row); then the schema appears - which
+    # is what is checked, not the error's wording - and connecting again succeeds.
     import sqlalchemy.exc
 
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError):
-            if not _schema_exists(url, kwargs) or attempt == 4:
+            with _schema_lock(url, kwargs):
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+        except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            if attempt == 4 or not _wait_for_schema(url, kwargs, timeout_s=10.0):
                 raise  # not the creation race: the schema is not there, so retrying cannot help
             time.sleep(0.2 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+_SCHEMA_LOCK_KEY = 0x6F707363  # "opsc": the advisory lock every opsched worker takes to create a schema
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str, engine_kwargs: dict[str, Any]) -> Iterator[None]:
+    """PostgreSQL: hold ``pg_advisory_lock`` while Optuna creates (or finds) its schema, so
+    workers started together create it one after the other.  Other databases: no lock."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+    finally:
+        engine.dispose()
+
+
+def _wait_for_schema(url: str, engine_kwargs: dict[str, Any], timeout_s: float) -> bool:
+    """Whether Optuna's schema appears at ``url`` within ``timeout_s`` (another worker's
+    creation may still be committing)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if _schema_exists(url, engine_kwargs):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)
 
 
 def _postgres_driver(url: str) -> str:

@@ -15,9 +15,12 @@ lazily on first access.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opsched.engine.layout import ActionLayout  # noqa: F401  (re-exported layout helper)
+
+if TYPE_CHECKING:  # lazily imported at run time (module __getattr__ below)
+    from opsched.envs.schedule_env import InvalidActionError, MaskedDiscrete, ScheduleEnv
 
 ENV_ID = "opsched/Schedule-v0"
 REAL_ENV_ID = "opsched/ScheduleReal-v0"

@@ -269,7 +269,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         self.reference_mode = reference
         self.render_mode = render_mode
         self._graphs = self._graph_source(graphs)
-        self._machines = self._machine_source(machine)
+        self._machines: tuple[Machine, ...] = self._machine_source(machine)
         self.observation_space = observation_space(self.max_nodes, self.max_edges)
         self.action_space = MaskedDiscrete(self.layout.n)
         self.action_space.bind(self)
@@ -335,8 +335,8 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             raise TypeError(f"ScheduleEnv.reset: the graph must be an OpGraph, got {type(graph).__name__}")
         machine = options.get("machine")
         if machine is None:
-            machine = self._machines[int(self.np_random.integers(len(self._machines)))] \
-                if len(self._machines) > 1 else self._machines[0]
+            machine = self._machines[0] if len(self._machines) == 1 \
+                else self._machines[int(self.np_random.integers(len(self._machines)))]
         if not isinstance(machine, Machine):
             from opsched.specs import load_machine
 
@@ -414,7 +414,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
             return None
         if self._state is None:
             return "ScheduleEnv: not reset"
-        st, data = self._state, self._data
+        st, data = self._state, self.episode_data
         lines = [f"{data.graph.name} on {data.machine.name}: t={st.now:.6g}s, {st.n_done}/{data.n} done, "
                  f"{st.n_ready} ready, free slots " +
                  ", ".join(f"{d}={f}" for d, f in zip(data.static.dev_ids, st.free, strict=True))]
@@ -447,7 +447,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         return a
 
     def _threads(self, slot: int, d: int, lv: int, a: int) -> int:
-        data = self._data
+        data = self.episode_data
         try:
             if slot < data.n:
                 return data.static.levels[d][lv]
@@ -466,7 +466,8 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         return int(levels[lv])
 
     def _final_info(self) -> dict[str, Any]:
-        data, st = self._data, self._state
+        data, st = self.episode_data, self._state
+        assert st is not None, "_final_info is only called at the end of an episode"
         plan = self._ep.plan("env", {"env": "opsched/Schedule-v0"})
         trace = st.trace("sim")
         info: dict[str, Any] = {
@@ -483,25 +484,27 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     # ------------------------------------------------------------- real mode
     def _measure(self, plan: Plan) -> dict[str, Any]:
         """Run ``plan`` on the real backend: warm-up, repeats, median (cached by plan hash)."""
-        data = self._data
+        data = self.episode_data
         key = _plan_hash(plan)
         hit = self._measured.get(key)
         if hit is not None:
             return hit
-        if self._shared_real and self._real.machine is not data.machine:
+        real = self._real
+        if self._shared_real and real is not None and real.machine is not data.machine:
             from opsched.engine.sim import cached_fingerprint
 
-            if cached_fingerprint(self._real.machine) != cached_fingerprint(data.machine):
+            if cached_fingerprint(real.machine) != cached_fingerprint(data.machine):
                 raise ValueError(f"ScheduleEnv: the shared {self.backend_name} backend runs plans for machine "
-                                 f"{self._real.machine.name!r}, not for this episode's {data.machine.name!r}")
-        elif self._real is None or self._real.machine is not data.machine:
+                                 f"{real.machine.name!r}, not for this episode's {data.machine.name!r}")
+        elif real is None or real.machine is not data.machine:
             from opsched.backends.registry import get_backend
 
             self.close()
-            self._real = get_backend(self.backend_name, data.machine, **_REAL_OPTIONS.get(self.backend_name, {}))
+            real = self._real = get_backend(self.backend_name, data.machine,
+                                            **_REAL_OPTIONS.get(self.backend_name, {}))
         for _ in range(self.real_warmup):
-            self._real.run(data.graph, plan)
-        traces: list[Trace] = [self._real.run(data.graph, plan) for _ in range(self.real_repeats)]
+            real.run(data.graph, plan)
+        traces: list[Trace] = [real.run(data.graph, plan) for _ in range(self.real_repeats)]
         spans = [t.makespan for t in traces]
         median = statistics.median(spans)
         trace = min(traces, key=lambda t: abs(t.makespan - median))

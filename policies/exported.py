@@ -204,7 +204,7 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **arrs)
+    np.savez(buf, allow_pickle=False, **arrs)
     meta = {
         "format": POLICY_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -531,12 +531,13 @@ class ExportedPolicy(Policy):
         sim = Simulator(machine, model)
         spans = {k: float(sim.run(graph, p).makespan) for k, p in plans.items()}
         for name in names:
-            plan, span = heuristics[name] if name in heuristics else (None, None)
-            if plan is None:
+            if name in heuristics:
+                plan, span = heuristics[name]
+            else:
                 plan = entry(name).make().plan(graph, machine, model)
                 span = float(sim.run(graph, plan).makespan)
             plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
-        chosen = min(spans, key=spans.get)
+        chosen = min(spans, key=spans.__getitem__)
         if refine:
             found = _refine(data, plans[chosen], chosen, refine, np.random.default_rng([seed, 0x5EA]))
             if found is not None:
@@ -592,10 +593,12 @@ def decode_episode(encoder: NumpyEncoder, data: Any, rng: np.random.Generator | 
                           data.node_levels if encoder.levels else None)
     if rng is None:
         def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
-            return greedy(enc.grid_scores(*ep.obs.state(), ops, cols, can_wait))
+            dyn, hw, glob = ep.obs.state()
+            return greedy(enc.grid_scores(dyn, hw, glob, ops, cols, can_wait))
     else:
         def choose(ep: Any, ops: np.ndarray, cols: np.ndarray, can_wait: bool) -> int:
-            scores = enc.grid_scores(*ep.obs.state(), ops, cols, can_wait).astype(np.float64)
+            dyn, hw, glob = ep.obs.state()
+            scores = enc.grid_scores(dyn, hw, glob, ops, cols, can_wait).astype(np.float64)
             return int(np.argmax(scores / temperature + rng.gumbel(size=scores.shape)))
 
     return run_episode(data, choose)

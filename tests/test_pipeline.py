@@ -69,12 +69,15 @@ def test_settle_waits_for_a_spinning_thread_and_returns_at_once_when_quiet():
 
 def test_one_session_timed_under_two_names_reads_the_same():
     """The same ONNX Runtime session, timed as two configurations in interleaved rounds with
-    its spinning threads settled in between, must come out at 1.00 +- 0.05."""
+    its spinning threads settled in between, must come out at 1.00 +- 0.05.
+
+    One sample is ten runs (about 10 ms): a single ~1 ms run on a shared CI machine
+    is mostly scheduler noise, and the test is about bias, not about that noise."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(_mlp_onnx(), providers=["CPUExecutionProvider"])
     feeds = {"x": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}
-    run = wall_clock(lambda: sess.run(None, feeds))
+    run = wall_clock(lambda: [sess.run(None, feeds) for _ in range(10)])
     t = interleave({"a": run, "b": run}, warmup=3, repeats=25)
     ratio = statistics.median(x / y for x, y in zip(t.samples["a"], t.samples["b"]))
     assert 0.95 <= ratio <= 1.05, (ratio, t.load_record())

@@ -83,7 +83,7 @@ def evaluate(policy: Any, pairs: Sequence[tuple[str, str, str]], ks: Sequence[in
         model = planning_model_for(mspec, machine)
         sim = SimBackend(machine, model)
         heur = {k: v[1] for k, v in heuristic_plans(graph, machine, model).items()}
-        best = min(heur, key=heur.get)
+        best = min(heur, key=heur.__getitem__)
         row: dict[str, Any] = {"group": group, "graph": gspec, "machine": mspec, "ops": len(graph.ops),
                                "model": model.name, "heuristics": heur, "best_heuristic": best,
                                "best_s": heur[best], "k": {}}
@@ -277,11 +277,12 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from opsched.benchmarks.harness import doc_summary
     from opsched.io import atomic_write_text
     from opsched.policies import load
     from opsched.policies.exported import pretrained_path
 
-    ap = argparse.ArgumentParser(prog="bench/learned.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench/learned.py", description=doc_summary(__doc__))
     ap.add_argument("--policy", default=str(pretrained_path()), help="exported policy folder (default: shipped)")
     ap.add_argument("--out", default="runs/bench", help="output folder")
     ap.add_argument("--quick", action="store_true", help="a few pairs, no search and exact sections")

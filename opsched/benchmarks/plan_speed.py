@@ -47,13 +47,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     the CPU time.  The slow cases are random DAGs on the big presets, where the
     policy waits for completions about as often as it starts ops.  ``--zoo``
     adds the zoo models at batch 1."""
+    from opsched.benchmarks.harness import doc_summary
     from opsched.errors import PolicyError
     from opsched.machine import get_machine
     from opsched.policies import load
     from opsched.policies.exported import pretrained_path
     from opsched.synthetic import generate
 
-    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.plan_speed", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.plan_speed", description=doc_summary(__doc__, paragraph=True))
     ap.add_argument("--policy", default=None, help="exported policy folder (default: the shipped pretrained one)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="3 repeats, one family")

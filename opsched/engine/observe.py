@@ -13,9 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # for the annotation only: the numpy scheduler runs without gymnasium
+    import gymnasium
 
 from opsched.engine.coarsen import Coarsening, coarsen
 from opsched.engine.layout import (
@@ -40,7 +43,7 @@ _H = {k: i for i, k in enumerate(HARDWARE_FEATURES)}
 _NO_LEVEL = 1 << 30
 
 
-def observation_space(max_nodes: int, max_edges: int) -> gymnasium.spaces.Dict:  # noqa: F821
+def observation_space(max_nodes: int, max_edges: int) -> gymnasium.spaces.Dict:
     """The Dict of Boxes every ScheduleEnv with these sizes observes (keys:
     :data:`OBS_KEYS`, each flattened row-major from :func:`~opsched.engine.layout.obs_shapes`)."""
     # gymnasium imported here, not at module level: the exported numpy scheduler
