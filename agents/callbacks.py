@@ -104,7 +104,8 @@ class StopOnRequest(BaseCallback):
 # ------------------------------------------------------------ RNG and checkpoints
 def capture_rng(model: Any) -> dict[str, Any]:
     """Python, numpy, torch and every env's generator state, as JSON-able data."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # legacy=True: (name, keys, pos, has_gauss, cached_gaussian)
     py_state = random.getstate()
     envs = []
     for gen in model.get_env().get_attr("np_random"):

@@ -15,10 +15,11 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
@@ -75,8 +76,9 @@ def make_vec_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int,
     torch and the graph importers (seconds per worker), and they never touch
     torch themselves (the env is numpy-only in the simulator)."""
     subproc = n_envs > 1 and backend == "sim"
-    fns = [partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid(), focus)
-           for _ in range(n_envs)]
+    fns: list[Callable[[], gym.Env]] = [
+        partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid(), focus)
+        for _ in range(n_envs)]
     if not subproc:
         return DummyVecEnv(fns)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None

@@ -195,8 +195,9 @@ def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: A
         for spec, graph in graphs.items():
             row: dict[str, Any] = {"graph": spec, "machine": machine.name}
             for name, policy in policies.items():
-                _, info = run_episode(env, policy_actor(policy), options={"graph": graph, "machine": machine})
-                row[name] = float(info["measured_makespan"])
+                played = run_episode(env, policy_actor(policy), options={"graph": graph, "machine": machine})
+                assert played is not None  # None only when its should_stop fires (there is none here)
+                row[name] = float(played[1]["measured_makespan"])
             with get_backend(backend, machine) as real:
                 plan = get_policy(baseline).plan(graph, machine)
                 real.run(graph, plan)

@@ -53,7 +53,7 @@ class FocusPairs(gym.Wrapper):
         self.weights = w / w.sum() if len(w) and w.sum() > 0 else np.full(len(self.pairs), 1.0 / max(1, len(w)))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
-        env = self.env.unwrapped
+        env: Any = self.env.unwrapped  # a ScheduleEnv (its graphs, machines, episode and model)
         if self.pairs and not (options and ("graph" in options or "machine" in options)):
             if seed is not None:
                 self.env.reset(seed=seed)  # seeds the env's np_random, which draws the pair
@@ -73,14 +73,16 @@ class FocusPairs(gym.Wrapper):
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, step_reward, terminated, truncated, info = self.env.step(action)
+        reward = float(step_reward)
         if terminated and self._bonus:
-            reward = float(reward) + self._bonus
+            reward += self._bonus
             info = {**info, "teacher_bonus": self._bonus}
         return obs, reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
-        return self.env.unwrapped.action_masks()
+        env: Any = self.env.unwrapped
+        return env.action_masks()
 
 
 def behind_weights(student: Sequence[float], teacher: Sequence[float], margin: float,

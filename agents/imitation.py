@@ -244,7 +244,7 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
             group["lr"] = lr * 0.1 ** (r / max(rounds - 1, 1))
         n_eps = first_episodes if (r == 0 and first_episodes) else episodes_per_round
         pick = rng.choice(len(pairs), size=min(n_eps, len(pairs)), replace=False)
-        chosen = [pairs[i] for i in pick]
+        chosen = [pairs[int(i)] for i in pick]
         learner = None if (r == 0 or not dagger) else policy_actor(policy)
         rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng, teacher)
         stats = fit(policy, demos, steps, lr, batch_size, seed + r, should_stop, opt, level_weight)

@@ -34,11 +34,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 from opsched.agents.cluster import ClusterError, check_versions, machine_resource, process_record
 from opsched.agents.wire import WireError, info_from_wire, info_to_wire, pack_arrays, unpack_arrays
@@ -383,7 +386,8 @@ class RayVecEnv(VecEnv):
     # ----------------------------------------------------------------- API
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         seeds = super().seed(seed)
-        self._base_seed = int(seeds[0])
+        first = seeds[0]  # VecEnv.seed draws one when seed is None: never None here
+        self._base_seed = int(first) if first is not None else 0
         return seeds
 
     def reset(self) -> VecEnvObs:
@@ -454,7 +458,7 @@ class RayVecEnv(VecEnv):
         for j in range(w.hi - w.lo):
             last = self._last_obs[w.lo + j]
             obs = {}
-            for k in self.observation_space.spaces:
+            for k in cast("gym.spaces.Dict", self.observation_space).spaces:
                 got = arrays.get(f"o{j}.{k}")
                 if got is None:
                     if k not in last:

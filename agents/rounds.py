@@ -156,7 +156,7 @@ def _load_demos(path: Path, d: Demonstrations) -> None:
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray], compressed: bool) -> None:
     buf = io.BytesIO()
-    (np.savez_compressed if compressed else np.savez)(buf, **arrays)
+    (np.savez_compressed if compressed else np.savez)(buf, allow_pickle=False, **arrays)
     atomic_write_bytes(path, buf.getvalue())
 
 

@@ -176,6 +176,7 @@ def _postgres_driver(url: str) -> str:
 def _schema_exists(url: str, engine_kwargs: dict[str, Any]) -> bool:
     """Whether the database at ``url`` already holds Optuna's schema (its version table)."""
     import sqlalchemy
+    import sqlalchemy.exc
 
     try:
         engine = sqlalchemy.create_engine(url, **engine_kwargs)
