@@ -70,12 +70,25 @@ REAL_TRAIN_MACHINES = ["local"]
 REAL_TRAIN_GRAPHS = ["zoo:resnet50@1x0.5", "zoo:randwire@1x0.5", "zoo:lstm@1x0.5", "zoo:nasnet@1x0.5"]
 
 
+#: The RL phase of the default ``opsched train-policy``: MaskablePPO steps after
+#: the imitation warm start, on by default (issue 23).  Measured, seed 0, on the
+#: 2-core VM under other jobs' load (load average median 3.2): the whole default
+#: run took 12 min 9 s (warm start 215 s, PPO 40,960 steps ~410 s); on the
+#: validation split the warm start gave 1.064x the best heuristic and PPO's best
+#: evaluation 1.054x (step 5,120: 1.0% better; the issue's target is 2%, missed).
+#: Later evaluations drift back (1.083x at the last step); the run keeps the best
+#: validation evaluation, the warm start's included, so the exported policy is
+#: never worse on validation than its start -- chosen on validation, so that 1.0%
+#: is optimistic.  README, "Status".
+DEFAULT_TIMESTEPS = 40_000
+
+
 @dataclass
 class TrainConfig:
     """Everything ``train()`` needs.  Plain data: saved as YAML, loaded back by ``--resume``."""
 
     name: str = "ppo"
-    timesteps: int = 0  # PPO steps after the warm start (0: none; PPO did not improve past it, see ppo.yml)
+    timesteps: int = DEFAULT_TIMESTEPS  # PPO steps after the warm start (0: none)
     n_envs: int = 2
     seed: int = 0
     hyperparams: str = "default"

@@ -275,3 +275,17 @@ def test_one_flag_vocabulary():
             assert is_flag or p.show_default is not False or "default" in p.help, (name, p.name, p.help)
     # the quickstart's real model is -m / --model like everywhere else
     assert "--model -m" in _help("quickstart")
+
+
+def test_the_rl_phase_is_on_by_default_and_the_help_says_how_long():
+    """Issue 23: the default run has PPO steps after the warm start; --help quotes them
+    without importing torch (flags.DEFAULT_TIMESTEPS mirrors the config's)."""
+    from opsched.agents.config import DEFAULT_TIMESTEPS, TrainConfig
+    from opsched.agents.pretrained import PRETRAINED_SETTINGS
+    from opsched.commands import flags
+
+    assert TrainConfig().timesteps == DEFAULT_TIMESTEPS == flags.DEFAULT_TIMESTEPS > 0
+    assert TrainConfig().resolve().ppo["imitation_rounds"] > 0  # the warm start comes first
+    assert PRETRAINED_SETTINGS["timesteps"] == 0                # the shipped policy's recipe: warm start only
+    out = CliRunner().invoke(app, ["train-policy", "--help"], env={"COLUMNS": "300"}).output
+    assert f"default {DEFAULT_TIMESTEPS}" in out and f"{flags.DEFAULT_RUN_MINUTES} minutes" in out

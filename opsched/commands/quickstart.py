@@ -68,7 +68,8 @@ def quickstart(
     if train:
         sets = [x for item in QUICK_TRAIN for x in ("--set", item)]
         step("2/4  train a policy (short run in the simulator)",
-             ["train-policy", "--name", "quickstart", "--hyperparams", "quick", *sets, "--out", str(out), *shown])
+             ["train-policy", "--name", "quickstart", "--hyperparams", "quick", "--timesteps", "0", *sets,
+              "--out", str(out), *shown])
         run = _newest_run(out, "quickstart")
         if run is not None and (run / "policy" / "policy.json").exists():
             policies = f"all,{run / 'policy'}"

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from opsched.commands.app import app, progress_option, want_progress
-from opsched.commands.flags import DEFAULT_RUN_MINUTES, hyperparams_help, typed_command
+from opsched.commands.flags import DEFAULT_RUN_MINUTES, DEFAULT_TIMESTEPS, hyperparams_help, typed_command
 
 
 @app.command("train-policy", help=(
@@ -31,8 +31,8 @@ def train_policy(
     name: str = typer.Option("ppo", "--name", help="Run name: the folder is <out>/<name>_<N>."),
     timesteps: Optional[int] = typer.Option(None, "--timesteps", min=0, show_default=False,
                                             help="PPO environment steps after the warm start (imitation, then "
-                                                 "expert iteration); default 0: none. With --resume: the new "
-                                                 "total, by default the run's own."),
+                                                 f"expert iteration); default {DEFAULT_TIMESTEPS}, 0: none. "
+                                                 "With --resume: the new total, by default the run's own."),
     n_envs: int = typer.Option(2, "--n-envs", min=1, help="Parallel environments (subprocesses when > 1)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the policy, the environments and the warm start."),
     hyperparams: str = typer.Option("default", "--hyperparams", help=hyperparams_help("PPO / encoder settings.")),
