@@ -27,19 +27,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch as th
 
+from opsched.agents.demos import STATIC_KEYS, STEP_KEYS, Demonstrations
 from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS
 from opsched.engine.sim import DONE
 from opsched.engine.slots import SlotPlan, from_plan
-
-STATIC_KEYS = ("node_static", "node_mask", "edge_index", "edge_mask", "node_levels")
-STEP_KEYS = ("node_dynamic", "hardware", "globals")
-
 
 #: A target over the env's op slots: device, thread level, dispatch rank and holds per slot.
 ExpertPlan = SlotPlan
@@ -78,31 +74,6 @@ def expert_action(env: Any, ep: ExpertPlan, mask: np.ndarray) -> int:
     # own trajectory): the highest-priority ready op at its largest valid level.
     valid = np.flatnonzero(mask)
     return int(min(valid, key=lambda a: (ep.rank[layout.decode(a)[0]], -a)))
-
-
-@dataclass
-class Demonstrations:
-    """States (static parts stored once per episode), masks, expert actions, returns-to-go."""
-
-    episodes: list[dict[str, np.ndarray]] = field(default_factory=list)
-    episode_of: list[int] = field(default_factory=list)
-    steps: dict[str, list[np.ndarray]] = field(default_factory=lambda: {k: [] for k in STEP_KEYS})
-    masks: list[np.ndarray] = field(default_factory=list)        # packed bits
-    actions: list[int] = field(default_factory=list)
-    returns: list[float] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.actions)
-
-    def batch(self, idx: np.ndarray, n_actions: int) -> tuple[dict[str, th.Tensor], th.Tensor, th.Tensor, th.Tensor]:
-        eps = [self.episode_of[i] for i in idx]
-        obs = {k: th.as_tensor(np.stack([self.episodes[e][k] for e in eps])).float()
-               for k in STATIC_KEYS if k in self.episodes[eps[0]]}
-        for k in STEP_KEYS:
-            obs[k] = th.as_tensor(np.stack([self.steps[k][i] for i in idx]))
-        masks = np.unpackbits(np.stack([self.masks[i] for i in idx]), axis=1, count=n_actions).astype(bool)
-        return (obs, th.as_tensor(masks), th.as_tensor([self.actions[i] for i in idx]),
-                th.as_tensor([self.returns[i] for i in idx], dtype=th.float32))
 
 
 def collect(env: Any, pairs: Sequence[tuple[Any, Any]], experts: Sequence[str], demos: Demonstrations,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from opsched.agents.imitation import STATIC_KEYS, STEP_KEYS, Demonstrations
+from opsched.agents.demos import STATIC_KEYS, STEP_KEYS, Demonstrations
 from opsched.engine.slots import SlotPlan
 from opsched.io import atomic_write_bytes, atomic_write_text
 

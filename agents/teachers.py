@@ -13,7 +13,7 @@ finds one but within a training budget:
    onto the episode's op slots (:func:`opsched.engine.slots.from_plan`) and
    replayed there;
 2. the fastest is improved by iterated local search on those slots
-   (:func:`opsched.ceiling.iterated_slot_search`, ``steps`` simulations), so
+   (:func:`opsched.policies.refine.iterated_slot_search`, ``steps`` simulations), so
    the teacher is a plan of exactly the episodes the policy plays, coarsened
    graphs included.
 
@@ -103,8 +103,8 @@ def teacher(data: Any, model: Any = None, steps: int = DEFAULT_STEPS, seed: int 
 
 
 def _search(data: Any, model: Any, steps: int, seed: int) -> Teacher:
-    from opsched.ceiling import iterated_slot_search
     from opsched.policies.hints import heuristic_plans, hint_names
+    from opsched.policies.refine import iterated_slot_search
     from opsched.policies.registry import BASELINE, names
 
     plans = heuristic_plans(data.graph, data.machine, model, names(BASELINE))

@@ -28,7 +28,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,9 +35,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
-
-if TYPE_CHECKING:
-    from opsched.engine.slots import SlotPlan
+from opsched.policies.refine import iterated_slot_search
 
 
 @dataclass
@@ -74,34 +71,6 @@ def _episode_data(graph: OpGraph, machine: Machine, model: PerfModel | None) -> 
 
     static = prepare(graph, machine, model)
     return SimpleNamespace(graph=graph, machine=machine, static=static, n=static.n, coarsening=identity(graph))
-
-
-def iterated_slot_search(data: SimpleNamespace, start: SlotPlan, steps: int, rng: np.random.Generator,
-                         restarts: int = 4, kick: int = 6) -> SlotPlan:
-    """A :class:`~opsched.engine.slots.SlotPlan` improved by ``steps`` simulations
-    of local search on the episode's slots (``data``): a first climb, then
-    ``restarts`` climbs from the best plan with ``kick`` random moves applied
-    (taken whatever they cost), each with an equal share.  The training
-    teacher (:mod:`opsched.agents.teachers`) searches coarsened episodes with it."""
-    from opsched.engine.slots import makespan
-    from opsched.policies.refine import _move, local_search
-
-    best = start.copy()
-    if not math.isfinite(makespan(data, best)):
-        return best
-    share = max(1, steps // (restarts + 1))
-    best = local_search(data, best, share, rng)
-    for _ in range(restarts):
-        cand = best.copy()
-        for _ in range(kick):
-            moved = _move(data, cand, rng)
-            if moved is not None:
-                cand = moved
-        makespan(data, cand)
-        cand = local_search(data, cand, share, rng)
-        if cand.makespan < best.makespan * (1.0 - 1e-12):
-            best = cand
-    return best
 
 
 def iterated_local_search(graph: OpGraph, machine: Machine, model: PerfModel | None, start: Plan, steps: int,
