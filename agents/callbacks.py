@@ -1,4 +1,4 @@
-"""SB3 callbacks of a training run: held-out evaluation, checkpoints, Ctrl-C, progress.
+"""SB3 callbacks of a training run: validation evaluation, checkpoints, Ctrl-C, progress.
 
 Evaluations and checkpoints fire at the *start* of a rollout, when the
 parameters reflect every step counted so far (SB3 updates them between
@@ -24,12 +24,12 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-from opsched.agents.evaluate import HeldOutEvaluator, policy_actor
+from opsched.agents.evaluate import ValidationEvaluator, policy_actor
 from opsched.agents.runs import Run
 from opsched.io import atomic_write_bytes, atomic_write_text
 
 #: The evaluation figure that decides the best model: geometric-mean makespan
-#: ratio against the fastest baseline of each held-out pair (lower is better).
+#: ratio against the fastest baseline of each validation pair (lower is better).
 BEST_KEY = "gmean_best"
 
 
@@ -47,6 +47,17 @@ class TrainState:
     pruned: bool = False
     wall_start: float = field(default_factory=time.time)
     wall_offset: float = 0.0        # seconds spent before a resume
+    #: ``stop_when(phase)`` is asked at every point where training checks for
+    #: Ctrl-C (``phase``: ``"imitation"``, ``"iteration"``, ``"evaluation"``,
+    #: ``"rl"``); True stops the run there exactly as a Ctrl-C would.  The
+    #: tests interrupt each phase with it.
+    stop_when: Callable[[str], bool] | None = None
+
+    def should_stop(self, phase: str) -> bool:
+        """Whether training must stop now (Ctrl-C, or ``stop_when``)."""
+        if not self.stop_requested and self.stop_when is not None and self.stop_when(phase):
+            self.stop_requested = True
+        return self.stop_requested
 
     @property
     def wall(self) -> float:
@@ -87,13 +98,14 @@ class StopOnRequest(BaseCallback):
         self.state = state
 
     def _on_step(self) -> bool:
-        return not (self.state.stop_requested or self.state.pruned)
+        return not (self.state.should_stop("rl") or self.state.pruned)
 
 
 # ------------------------------------------------------------ RNG and checkpoints
 def capture_rng(model: Any) -> dict[str, Any]:
     """Python, numpy, torch and every env's generator state, as JSON-able data."""
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # legacy=True: (name, keys, pos, has_gauss, cached_gaussian)
     py_state = random.getstate()
     envs = []
     for gen in model.get_env().get_attr("np_random"):
@@ -137,6 +149,7 @@ def save_checkpoint(model: Any, state: TrainState, steps: int) -> None:
         "num_timesteps": int(steps),
         "best_score": state.best_score if np.isfinite(state.best_score) else None,
         "last_eval": state.last_eval,
+        "evaluations": len(state.run.evaluations()),  # rows a resume keeps (later ones it writes again)
         "wall_s": state.wall,
         "rng": capture_rng(model),
     }
@@ -161,13 +174,13 @@ class CheckpointCallback(BaseCallback):
 
 
 # ----------------------------------------------------------------- evaluation
-class HeldOutEvalCallback(BaseCallback):
-    """Evaluate on the held-out set every ``every`` steps: TensorBoard, CSV, best model.
+class ValidationEvalCallback(BaseCallback):
+    """Evaluate on the validation set every ``every`` steps: TensorBoard, CSV, best model.
 
     ``on_eval(steps, row) -> bool`` (optional) sees each evaluation; returning
     True stops training (the Optuna pruner's hook)."""
 
-    def __init__(self, state: TrainState, evaluator: HeldOutEvaluator, every: int,
+    def __init__(self, state: TrainState, evaluator: ValidationEvaluator, every: int,
                  on_eval: Callable[[int, dict[str, float]], bool] | None = None) -> None:
         super().__init__()
         self.state, self.evaluator, self.every, self.on_eval = state, evaluator, int(every), on_eval
@@ -180,24 +193,24 @@ class HeldOutEvalCallback(BaseCallback):
         return True
 
 
-def evaluate_now(model: Any, state: TrainState, evaluator: HeldOutEvaluator,
+def evaluate_now(model: Any, state: TrainState, evaluator: ValidationEvaluator,
                  on_eval: Callable[[int, dict[str, float]], bool] | None = None,
                  imitation_round: int = -1) -> dict[str, float] | None:
-    """One held-out evaluation of the current weights: log it, keep the best model.
+    """One validation evaluation of the current weights: log it, keep the best model.
 
     During the imitation warm start (``imitation_round >= 0``) the row's
     ``timesteps`` is 0 (no PPO step yet), it is logged under ``imitation/`` in
     TensorBoard (x = round) and not shown to ``on_eval`` (the pruner's steps
     are PPO steps)."""
     steps = int(model.num_timesteps)
-    result = evaluator.evaluate(policy_actor(model.policy), should_stop=lambda: state.stop_requested)
+    result = evaluator.evaluate(policy_actor(model.policy), should_stop=lambda: state.should_stop("evaluation"))
     if result is None:
         return None
     row = {"timesteps": float(steps), "imitation_round": float(imitation_round), "wall_s": round(state.wall, 2),
            **result.row()}
     episodes = [ep["r"] for ep in (model.ep_info_buffer or [])]
     row["train_return"] = float(np.mean(episodes)) if episodes else float("nan")
-    prefix = "heldout" if imitation_round < 0 else "imitation/heldout"
+    prefix = "validation" if imitation_round < 0 else "imitation/validation"
     for key, value in row.items():
         if key not in ("timesteps", "wall_s", "imitation_round"):
             model.logger.record(f"{prefix}/{key}", value)
@@ -226,7 +239,7 @@ def append_csv(path: Any, row: dict[str, float]) -> None:
 
 # ------------------------------------------------------------------- progress
 class ProgressCallback(BaseCallback):
-    """Moves a rich progress bar and shows the latest held-out ratio in it."""
+    """Moves a rich progress bar and shows the latest validation ratio in it."""
 
     def __init__(self, state: TrainState, progress: Any, task: Any) -> None:
         super().__init__()
@@ -242,6 +255,6 @@ class ProgressCallback(BaseCallback):
 
     def refresh(self) -> None:
         latest = self.state.latest
-        text = (f"held-out ×{latest.get('gmean_best', float('nan')):.3f} vs best, "
-                f"×{latest.get('gmean_cpf', float('nan')):.3f} vs cpf") if latest else "held-out: pending"
-        self.progress.update(self.task, completed=self.num_timesteps, heldout=text)
+        text = (f"validation ×{latest.get('gmean_best', float('nan')):.3f} vs best, "
+                f"×{latest.get('gmean_cpf', float('nan')):.3f} vs cpf") if latest else "validation: pending"
+        self.progress.update(self.task, completed=self.num_timesteps, validation=text)

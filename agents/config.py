@@ -1,7 +1,7 @@
 """Training configuration: every setting a run depends on, resolved and saved.
 
 A :class:`TrainConfig` holds the run's identity (name, seed, output root), the
-training and held-out sets (as short spec strings, so the YAML stays
+training and validation sets (as short spec strings, so the YAML stays
 readable), the evaluation schedule and the PPO / encoder hyperparameters.
 ``resolve()`` merges the named entry of ``agents/hyperparams/ppo.yml`` with
 ``--set key=value`` overrides; the resolved config is what lands in the run's
@@ -35,7 +35,17 @@ HYPERPARAM_TYPES: dict[str, type] = {
     "imitation_dagger": bool,
     "iteration_rounds": int, "iteration_pairs": int, "iteration_samples": int, "iteration_temperature": float,
     "iteration_budget": int, "iteration_steps": int, "iteration_lr": float, "iteration_episodes": int,
+    "teacher": str, "teacher_steps": int, "rl_pairs": str, "rl_shaping": bool, "rl_margin": float,
 }
+#: What the warm start imitates: the best known plan (opsched.agents.teachers) or the best hint heuristic.
+TEACHERS = ("best-known", "heuristic")
+#: Which training pairs the RL phase plays (opsched.agents.focus).
+RL_PAIRS = ("all", "taught", "behind")
+#: Settings renamed since runs were written with them: old key -> new key.  An
+#: old run's ``config.yaml`` and ``--set`` still take the old names; the new
+#: one is what gets written ("held-out" was this project's old word for the
+#: validation split).
+RENAMED_SETTINGS: dict[str, str] = {"heldout_graphs": "validation_graphs", "heldout_machines": "validation_machines"}
 PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range",
             "ent_coef", "vf_coef", "max_grad_norm", "target_kl")
 
@@ -47,8 +57,8 @@ PPO_KEYS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_
 # selects its best checkpoint on the validation split by default.
 DEFAULT_TRAIN_GRAPHS = list(splits.TRAIN_GRAPHS)
 DEFAULT_TRAIN_MACHINES = list(splits.TRAIN_MACHINES)
-DEFAULT_HELDOUT_GRAPHS = list(splits.VALIDATION_GRAPHS)
-DEFAULT_HELDOUT_MACHINES = list(splits.VALIDATION_MACHINES)
+DEFAULT_VALIDATION_GRAPHS = list(splits.VALIDATION_GRAPHS)
+DEFAULT_VALIDATION_MACHINES = list(splits.VALIDATION_MACHINES)
 def default_baselines() -> list[str]:
     """The heuristics a run is evaluated against: the registry's baselines."""
     from opsched.policies import BASELINE, names
@@ -60,12 +70,25 @@ REAL_TRAIN_MACHINES = ["local"]
 REAL_TRAIN_GRAPHS = ["zoo:resnet50@1x0.5", "zoo:randwire@1x0.5", "zoo:lstm@1x0.5", "zoo:nasnet@1x0.5"]
 
 
+#: The RL phase of the default ``opsched train-policy``: MaskablePPO steps after
+#: the imitation warm start, on by default (issue 23).  Measured, seed 0, on the
+#: 2-core VM under other jobs' load (load average median 3.2): the whole default
+#: run took 12 min 9 s (warm start 215 s, PPO 40,960 steps ~410 s); on the
+#: validation split the warm start gave 1.064x the best heuristic and PPO's best
+#: evaluation 1.054x (step 5,120: 1.0% better; the issue's target is 2%, missed).
+#: Later evaluations drift back (1.083x at the last step); the run keeps the best
+#: validation evaluation, the warm start's included, so the exported policy is
+#: never worse on validation than its start -- chosen on validation, so that 1.0%
+#: is optimistic.  README, "Status".
+DEFAULT_TIMESTEPS = 40_000
+
+
 @dataclass
 class TrainConfig:
     """Everything ``train()`` needs.  Plain data: saved as YAML, loaded back by ``--resume``."""
 
     name: str = "ppo"
-    timesteps: int = 0  # PPO steps after the warm start (0: none; PPO did not improve past it, see ppo.yml)
+    timesteps: int = DEFAULT_TIMESTEPS  # PPO steps after the warm start (0: none)
     n_envs: int = 2
     seed: int = 0
     hyperparams: str = "default"
@@ -79,14 +102,14 @@ class TrainConfig:
     level_times: bool = True
     train_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_GRAPHS))
     train_machines: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_MACHINES))
-    heldout_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_GRAPHS))
-    heldout_machines: list[str] = field(default_factory=lambda: list(DEFAULT_HELDOUT_MACHINES))
+    validation_graphs: list[str] = field(default_factory=lambda: list(DEFAULT_VALIDATION_GRAPHS))
+    validation_machines: list[str] = field(default_factory=lambda: list(DEFAULT_VALIDATION_MACHINES))
     baselines: list[str] = field(default_factory=default_baselines)
     #: Torch intra-op threads of the trainer.  1 is right on a small or shared
     #: machine (the env workers need the other cores, and OpenMP threads that
     #: spin against other processes slow the small matmuls here tenfold).
     torch_threads: int = 1
-    #: Held-out evaluation and checkpoint periods, in environment steps.
+    #: Validation and checkpoint periods, in environment steps.
     eval_freq: int = 5_000
     checkpoint_freq: int = 10_000
     # --- many machines (agents/vec_envs.py, agents/profiled.py; README "Many machines")
@@ -111,6 +134,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "<config>") -> TrainConfig:
+        data = renamed(data, where)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -134,7 +158,7 @@ class TrainConfig:
 
         An override key is a hyperparameter (``learning_rate``) or a top-level
         setting (``eval_freq``); anything else is an error naming the key."""
-        cfg = dataclasses.replace(self, overrides=dict(self.overrides), ppo=dict(self.ppo))
+        cfg = dataclasses.replace(self, overrides=renamed(self.overrides, "--set"), ppo=dict(self.ppo))
         if not cfg.ppo:
             cfg.ppo = load_hyperparams(cfg.hyperparams)
         fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -182,21 +206,25 @@ class TrainConfig:
             raise ConfigError(f"backend must be 'sim' or 'torch-cpu', got {self.backend!r}")
         if self.eval_freq < 1 or self.checkpoint_freq < 1:
             raise ConfigError("eval_freq and checkpoint_freq must be >= 1 environment step")
-        for what in ("train_graphs", "train_machines", "heldout_graphs", "heldout_machines"):
+        for what in ("train_graphs", "train_machines", "validation_graphs", "validation_machines"):
             if not getattr(self, what):
                 raise ConfigError(f"{what} is empty")
-        overlap = set(self.train_machines) & set(self.heldout_machines)
+        overlap = set(self.train_machines) & set(self.validation_machines)
         if overlap:
-            raise ConfigError(f"held-out machine(s) {sorted(overlap)} are also in train_machines")
-        overlap = set(self.train_graphs) & set(self.heldout_graphs)
+            raise ConfigError(f"validation machine(s) {sorted(overlap)} are also in train_machines")
+        overlap = set(self.train_graphs) & set(self.validation_graphs)
         if overlap:
-            raise ConfigError(f"held-out graph(s) {sorted(overlap)} are also in train_graphs")
+            raise ConfigError(f"validation graph(s) {sorted(overlap)} are also in train_graphs")
 
         if self.backend != "sim":
             bad = [g for g in self.train_graphs if not g.startswith("zoo:")]
             if bad:
                 raise ConfigError(f"backend {self.backend!r} executes the training graphs for real; {bad} have "
                                   "no executable model (use zoo:NAME graphs)")
+        if self.ppo.get("teacher", "heuristic") not in TEACHERS:
+            raise ConfigError(f"teacher must be one of {', '.join(TEACHERS)}, got {self.ppo['teacher']!r}")
+        if self.ppo.get("rl_pairs", "all") not in RL_PAIRS:
+            raise ConfigError(f"rl_pairs must be one of {', '.join(RL_PAIRS)}, got {self.ppo['rl_pairs']!r}")
         missing = [k for k in PPO_KEYS + ("hidden", "rounds") if k not in self.ppo]
         if missing:
             raise ConfigError(f"hyperparameters {self.hyperparams!r} lack {', '.join(missing)}")
@@ -205,13 +233,25 @@ class TrainConfig:
         """The graphs and machines of this run that belong to the test split
         (agents/splits.py): a run that saw them cannot be reported on the test
         set (export records them; the benchmark refuses such a policy's figures)."""
-        seen_graphs = set(self.train_graphs) | set(self.heldout_graphs)
-        seen_machines = set(self.train_machines) | set(self.heldout_machines)
+        seen_graphs = set(self.train_graphs) | set(self.validation_graphs)
+        seen_machines = set(self.train_machines) | set(self.validation_machines)
         return sorted((seen_graphs & set(splits.TEST_GRAPHS)) | (seen_machines & set(splits.TEST_MACHINES)))
 
     def ppo_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``MaskablePPO`` (the PPO part of the block)."""
         return {k: self.ppo[k] for k in PPO_KEYS if k in self.ppo}
+
+
+def renamed(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` with the old names of :data:`RENAMED_SETTINGS` replaced by the new
+    ones (both given: an error naming them)."""
+    out = dict(data)
+    for old, new in RENAMED_SETTINGS.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{where}: both {old} (its old name) and {new} are set; keep {new}")
+            out[new] = out.pop(old)
+    return out
 
 
 def _coerce(key: str, raw: Any, typ: type) -> Any:

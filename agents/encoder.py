@@ -82,6 +82,14 @@ def _edge_pairs(edge_index, n_edges: int):
     return np.swapaxes(edge_index, -1, -2)
 
 
+def _length(space: gym.spaces.Dict, key: str) -> int:
+    """The first dimension of the observation entry ``key`` (a Box: it has a shape)."""
+    shape = space[key].shape
+    if not shape:
+        raise ValueError(f"observation entry {key!r} has no shape; the encoder reads arrays (opsched/engine/layout.py)")
+    return int(shape[0])
+
+
 class GraphEncoder(BaseFeaturesExtractor):
     """Features extractor that already holds the policy's action and value heads.
 
@@ -93,7 +101,7 @@ class GraphEncoder(BaseFeaturesExtractor):
 
     def __init__(self, observation_space: gym.spaces.Dict, hidden: int = 64, rounds: int = 3,
                  levels: bool = True) -> None:
-        n_nodes = observation_space["node_mask"].shape[0]
+        n_nodes = _length(observation_space, "node_mask")
         f_static, f_dynamic = len(STATIC_FEATURES), len(DYNAMIC_FEATURES)
         self.node_keys = ("node_static", "node_dynamic") + ((LEVEL_KEY,) if levels else ())
         f_levels = MAX_LEVELS if levels else 0
@@ -105,7 +113,7 @@ class GraphEncoder(BaseFeaturesExtractor):
         missing = [k for k in OBS_KEYS if k not in observation_space.spaces]
         if missing:
             raise ValueError(f"observation lacks {missing}; the encoder reads {OBS_KEYS} (opsched/engine/layout.py)")
-        self.n_edges = int(observation_space["edge_mask"].shape[0])
+        self.n_edges = _length(observation_space, "edge_mask")
         self.hidden, self.rounds = int(hidden), int(rounds)
         H = self.hidden
         self.inp = nn.Linear(f_static + f_dynamic + f_levels, H)

@@ -15,10 +15,11 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
@@ -54,23 +55,30 @@ def make_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, mod
 
 
 def _worker_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, model: Any, backend: str,
-                subprocess_worker: bool, parent_pid: int) -> Monitor:
+                subprocess_worker: bool, parent_pid: int, focus: dict[str, Any] | None = None) -> Monitor:
     if subprocess_worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent(parent_pid)
-    return Monitor(make_env(graphs, machines, max_nodes, model, backend), info_keywords=("makespan",))
+    env = make_env(graphs, machines, max_nodes, model, backend)
+    if focus is not None:  # the RL phase's pairs and teacher-relative return (opsched.agents.focus)
+        from opsched.agents.focus import FocusPairs
+
+        env = FocusPairs(env, **focus)
+    return Monitor(env, info_keywords=("makespan",))
 
 
 def make_vec_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, n_envs: int,
-                 model: Any = None, backend: str = "sim") -> VecEnv:
+                 model: Any = None, backend: str = "sim", focus: dict[str, Any] | None = None) -> VecEnv:
     """``n_envs`` monitored ScheduleEnvs; subprocesses when ``n_envs > 1`` in the simulator.
+    ``focus``: wrap each in :class:`~opsched.agents.focus.FocusPairs` with these arguments.
 
     Workers are forked: they inherit the loaded graphs instead of re-importing
     torch and the graph importers (seconds per worker), and they never touch
     torch themselves (the env is numpy-only in the simulator)."""
     subproc = n_envs > 1 and backend == "sim"
-    fns = [partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid())
-           for _ in range(n_envs)]
+    fns: list[Callable[[], gym.Env]] = [
+        partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid(), focus)
+        for _ in range(n_envs)]
     if not subproc:
         return DummyVecEnv(fns)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None

@@ -1,6 +1,6 @@
-"""Held-out evaluation: the learned policy against the heuristic baselines.
+"""Validation: the learned policy against the heuristic baselines.
 
-For every (held-out graph, held-out machine) pair the policy schedules one
+For every (validation graph, validation machine) pair the policy schedules one
 episode greedily (masked argmax), the episode's Plan is replayed on the
 simulator, and its makespan is divided by each baseline's (the baseline's
 Plan on the same simulator): like for like, ratio < 1 means the learned
@@ -94,14 +94,19 @@ def baseline_makespans(pairs: Sequence[Pair], baselines: Sequence[str], model: A
             p.baselines[name] = float(sim.run(p.graph, plan).makespan)
 
 
-class HeldOutEvaluator:
-    """Runs the policy greedily on every held-out pair and compares with the baselines."""
+class ValidationEvaluator:
+    """Runs the policy greedily on every validation pair and compares with the baselines."""
 
-    def __init__(self, config: TrainConfig, model: Any = None, cache_dir: Any = None) -> None:
+    def __init__(self, config: TrainConfig, model: Any = None, cache_dir: Any = None,
+                 known: Sequence[dict[str, Any]] | None = None) -> None:
+        """``known``: rows of a run's ``validation_baselines.json`` (a resumed run
+        reads its baselines' makespans instead of planning them again); used
+        only when they cover exactly these pairs and baselines."""
         from opsched.agents.environments import make_env
 
-        self.pairs = build_pairs(config.heldout_graphs, config.heldout_machines, cache_dir)
-        baseline_makespans(self.pairs, config.baselines, model)
+        self.pairs = build_pairs(config.validation_graphs, config.validation_machines, cache_dir)
+        if not _fill_known(self.pairs, config.baselines, known):
+            baseline_makespans(self.pairs, config.baselines, model)
         self.model = model
         self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model)
                      for p in self.pairs]
@@ -129,6 +134,19 @@ class HeldOutEvaluator:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _fill_known(pairs: Sequence[Pair], baselines: Sequence[str], known: Sequence[dict[str, Any]] | None) -> bool:
+    if not known or len(known) != len(pairs):
+        return False
+    for p, row in zip(pairs, known):
+        if row.get("graph") != p.graph_spec or row.get("machine") != p.machine_spec:
+            return False
+        if not all(isinstance(row.get(b), (int, float)) and row[b] > 0 for b in baselines):
+            return False
+    for p, row in zip(pairs, known):
+        p.baselines = {b: float(row[b]) for b in baselines}
+    return True
 
 
 def run_episode(env: Any, act: Callable[[dict, np.ndarray], int],
@@ -177,8 +195,9 @@ def real_comparison(policies: dict[str, Any], graphs: dict[str, Any], machine: A
         for spec, graph in graphs.items():
             row: dict[str, Any] = {"graph": spec, "machine": machine.name}
             for name, policy in policies.items():
-                _, info = run_episode(env, policy_actor(policy), options={"graph": graph, "machine": machine})
-                row[name] = float(info["measured_makespan"])
+                played = run_episode(env, policy_actor(policy), options={"graph": graph, "machine": machine})
+                assert played is not None  # None only when its should_stop fires (there is none here)
+                row[name] = float(played[1]["measured_makespan"])
             with get_backend(backend, machine) as real:
                 plan = get_policy(baseline).plan(graph, machine)
                 real.run(graph, plan)

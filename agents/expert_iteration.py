@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from opsched.agents.imitation import Demonstrations, collect, expert_plan, fit
+from opsched.agents.imitation import collect, expert_plan, fit
 from opsched.engine.slots import SlotPlan, best_of, from_episode, makespan
 from opsched.policies.exported import decode_episode
 from opsched.policies.numpy_encoder import NumpyEncoder
@@ -91,51 +91,68 @@ def expert_iteration(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], ex
                      should_stop: Callable[[], bool] = lambda: False,
                      after_round: Callable[[int, dict[str, float]], None] | None = None,
                      level_weight: float = 0.0,
-                     on_step: Callable[[int, int], None] | None = None) -> list[dict[str, float]]:
+                     on_step: Callable[[int, int], None] | None = None,
+                     teacher: Callable[[Any], SlotPlan] | None = None, resume: Any = None,
+                     save: Callable[[Any, np.random.Generator, th.optim.Optimizer], None] | None = None
+                     ) -> list[dict[str, float]]:
     """Run ``rounds`` rounds of expert iteration on ``policy`` (see the module
     docstring); ``env`` is a ScheduleEnv over the training pairs (its
     ``max_nodes`` and model make the episodes).  Returns one stats row per round;
     ``after_round(r, stats)`` runs after each (the trainer evaluates there);
-    ``on_step(done, total)`` after every pair improved and every fit: progress."""
+    ``on_step(done, total)`` after every pair improved and every fit: progress.
+    ``teacher(env)``: a pair's first target (default: the best of ``experts``).
+    Resumable between rounds like :func:`opsched.agents.imitation.warm_start`
+    (``resume``, ``save``; the targets are part of the saved state)."""
     from opsched.agents.evaluate import policy_actor
+    from opsched.agents.rounds import RoundState, restore_optimizer
 
-    rng = np.random.default_rng([seed, 0xE1])
+    saved = resume if resume is not None else RoundState()
+    rng = saved.generator(np.random.default_rng([seed, 0xE1]))
     unwrapped = env.unwrapped
-    states: dict[tuple[int, int], PairTargets] = {}
-    demos = Demonstrations()
+    states: dict[int, PairTargets] = {}
+
+    def pair_state(i: int) -> PairTargets:
+        state = states.get(i)
+        if state is None:
+            graph, machine = pairs[i]
+            env.reset(options={"graph": graph, "machine": machine})
+            data = unwrapped.episode_data  # the slots the env's episodes (and so the labels) use
+            heur = teacher(env) if teacher is not None else expert_plan(env, experts, model)
+            makespan(data, heur)
+            state = states[i] = PairTargets(graph, machine, data, heur, heur.copy())
+        return state
+
+    for i, target in saved.targets.items():  # a resumed run's targets so far
+        pair_state(i).target = target
+        makespan(states[i].data, target)
+    demos = saved.demos
     opt = th.optim.Adam(policy.parameters(), lr=lr)
-    history: list[dict[str, float]] = []
+    restore_optimizer(opt, saved)
+    history = saved.history
     per_round = min(pairs_per_round, len(pairs))
     total_steps = rounds * (per_round + 1)
-    done_steps = 0
-    for r in range(rounds):
+    done_steps = saved.next_round * (per_round + 1)
+    for r in range(saved.next_round, rounds):
         if should_stop():
             break
         t0 = time.time()
         for group in opt.param_groups:  # decays to lr/10 over the rounds, as the warm start's
             group["lr"] = lr * 0.1 ** (r / max(rounds - 1, 1))
         encoder = numpy_encoder(policy)
-        chosen = [pairs[i] for i in rng.choice(len(pairs), size=per_round, replace=False)]
+        picked = [int(i) for i in rng.choice(len(pairs), size=per_round, replace=False)]
+        chosen = [pairs[i] for i in picked]
         sources: dict[str, int] = {}
-        for graph, machine in chosen:
+        for i in picked:
             if should_stop():
                 break
-            key = (id(graph), id(machine))
-            state = states.get(key)
-            if state is None:
-                env.reset(options={"graph": graph, "machine": machine})
-                data = unwrapped.episode_data  # the slots the env's episodes (and so the labels) use
-                heur = expert_plan(env, experts, model)
-                makespan(data, heur)
-                state = states[key] = PairTargets(graph, machine, data, heur, heur.copy())
-            src = improve(state, encoder, samples, temperature, search_budget, rng)
+            src = improve(pair_state(i), encoder, samples, temperature, search_budget, rng)
             if src:  # e.g. "search(sample-1)" -> "search(sample)"
                 kind = re.sub(r"-\d+", "", src)
                 sources[kind] = sources.get(kind, 0) + 1
             done_steps += 1
             if on_step is not None:
                 on_step(done_steps, total_steps)
-        targets = {k: s.target for k, s in states.items()}
+        targets = {(id(s.graph), id(s.machine)): s.target for s in states.values()}
         play = [chosen[i] for i in rng.choice(len(chosen), size=min(episodes, len(chosen)), replace=False)]
         half = len(play) // 2
         rets = collect(env, play[:half], experts, demos, None, model, targets, should_stop, keep, rng)
@@ -150,13 +167,22 @@ def expert_iteration(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], ex
                      target_gain_gmean=float(np.exp(np.mean(np.log(gains)))) if gains else float("nan"),
                      improved=float(sum(sources.values())), played_return=float(np.mean(rets)) if rets else float("nan"),
                      seconds=time.time() - t0)
+        if should_stop():
+            break  # an unfinished round: played again on resume
         history.append(stats)
         log(f"expert iteration round {r}: {stats['improved']:.0f} of {len(chosen)} targets improved "
             f"({', '.join(f'{k} {v}' for k, v in sorted(sources.items())) or 'none'}); targets x"
             f"{stats['target_gain_gmean']:.3f} of the best heuristic (geo-mean over {len(states)} pairs); "
             f"fit accuracy {stats['accuracy']:.3f}")
-        if after_round is not None and not should_stop():
+        if after_round is not None:
             after_round(r, stats)
+        if should_stop():
+            history.pop()
+            break
+        saved.next_round = r + 1
+        saved.targets = {i: s.target for i, s in states.items()}
+        if save is not None:
+            save(saved, rng, opt)
     return history
 
 

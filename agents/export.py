@@ -24,7 +24,7 @@ import numpy as np
 
 from opsched.errors import PolicyError
 
-#: What ``export_run`` exports unless told otherwise: the best held-out model.
+#: What ``export_run`` exports unless told otherwise: the best validation model.
 DEFAULT_WHICH = "best"
 
 
@@ -59,7 +59,7 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
                verify: bool = True) -> Path:
     """Export a training run's model to ``<run>/policy`` (or ``out``).
 
-    ``which``: ``"best"`` (the best held-out model; the final one if there is
+    ``which``: ``"best"`` (the best validation model; the final one if there is
     none yet), ``"final"``, or the path of a model zip inside the run."""
     from opsched.agents.config import ConfigError
     from opsched.agents.model import load_trained_model
@@ -79,14 +79,14 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
     steps, evaluation = _model_record(run, zip_path)
     source = {
         "run": str(run_dir), "model": zip_path.name, "num_timesteps": steps,
-        "train_graphs": list(cfg.train_graphs), "heldout_graphs": list(cfg.heldout_graphs),
-        "heldout_machines": list(cfg.heldout_machines), "hyperparams": cfg.hyperparams,
+        "train_graphs": list(cfg.train_graphs), "validation_graphs": list(cfg.validation_graphs),
+        "validation_machines": list(cfg.validation_machines), "hyperparams": cfg.hyperparams,
         "ppo": dict(cfg.ppo), "seed": cfg.seed, "test_split_overlap": cfg.test_overlap(),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "opsched_version": _version(),
     }
     if evaluation is not None:
-        source["evaluation"] = evaluation  # its held-out figures (makespan ratios to the baselines)
+        source["evaluation"] = evaluation  # its validation figures (makespan ratios to the baselines)
     return export_policy(model, out if out is not None else run_dir / "policy",
                          machines=list(cfg.train_machines), source=source, verify=verify)
 
@@ -146,7 +146,7 @@ def _model_zip(run: Any, which: str) -> Path:
 
 
 def _model_record(run: Any, zip_path: Path) -> tuple[int | None, dict[str, float] | None]:
-    """(training steps, held-out evaluation row) of the model being exported:
+    """(training steps, validation evaluation row) of the model being exported:
     the best-scoring evaluation for the best model, the last one for the final
     model, the one at the checkpoint's step for a checkpoint."""
     from opsched.agents.callbacks import BEST_KEY

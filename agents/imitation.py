@@ -27,19 +27,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch as th
 
+from opsched.agents.demos import STATIC_KEYS, STEP_KEYS, Demonstrations
 from opsched.engine.layout import MAX_DEVICES, MAX_LEVELS
 from opsched.engine.sim import DONE
 from opsched.engine.slots import SlotPlan, from_plan
-
-STATIC_KEYS = ("node_static", "node_mask", "edge_index", "edge_mask", "node_levels")
-STEP_KEYS = ("node_dynamic", "hardware", "globals")
-
 
 #: A target over the env's op slots: device, thread level, dispatch rank and holds per slot.
 ExpertPlan = SlotPlan
@@ -80,39 +76,18 @@ def expert_action(env: Any, ep: ExpertPlan, mask: np.ndarray) -> int:
     return int(min(valid, key=lambda a: (ep.rank[layout.decode(a)[0]], -a)))
 
 
-@dataclass
-class Demonstrations:
-    """States (static parts stored once per episode), masks, expert actions, returns-to-go."""
-
-    episodes: list[dict[str, np.ndarray]] = field(default_factory=list)
-    episode_of: list[int] = field(default_factory=list)
-    steps: dict[str, list[np.ndarray]] = field(default_factory=lambda: {k: [] for k in STEP_KEYS})
-    masks: list[np.ndarray] = field(default_factory=list)        # packed bits
-    actions: list[int] = field(default_factory=list)
-    returns: list[float] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.actions)
-
-    def batch(self, idx: np.ndarray, n_actions: int) -> tuple[dict[str, th.Tensor], th.Tensor, th.Tensor, th.Tensor]:
-        eps = [self.episode_of[i] for i in idx]
-        obs = {k: th.as_tensor(np.stack([self.episodes[e][k] for e in eps])).float()
-               for k in STATIC_KEYS if k in self.episodes[eps[0]]}
-        for k in STEP_KEYS:
-            obs[k] = th.as_tensor(np.stack([self.steps[k][i] for i in idx]))
-        masks = np.unpackbits(np.stack([self.masks[i] for i in idx]), axis=1, count=n_actions).astype(bool)
-        return (obs, th.as_tensor(masks), th.as_tensor([self.actions[i] for i in idx]),
-                th.as_tensor([self.returns[i] for i in idx], dtype=th.float32))
-
-
 def collect(env: Any, pairs: Sequence[tuple[Any, Any]], experts: Sequence[str], demos: Demonstrations,
             learner: Callable[[dict, np.ndarray], int] | None, model: Any = None,
             plans: dict | None = None, should_stop: Callable[[], bool] = lambda: False,
-            keep: float = 1.0, rng: np.random.Generator | None = None) -> list[float]:
+            keep: float = 1.0, rng: np.random.Generator | None = None,
+            teacher: Callable[[Any], SlotPlan] | None = None) -> list[float]:
     """Play one episode per pair (the expert acts when ``learner`` is None) and record
     a random ``keep`` fraction of its states with the expert's label (consecutive
     states are nearly alike: a fraction of many episodes teaches more than all
-    of a few); returns the episodes' returns."""
+    of a few); returns the episodes' returns.  ``teacher(env)``: the expert's
+    slot plan for the env's episode (default: the best of ``experts``,
+    :func:`expert_plan`; training uses the best known plan,
+    :func:`opsched.agents.teachers.teacher_for_env`)."""
     plans = {} if plans is None else plans
     rng = rng if rng is not None else np.random.default_rng(0)
     returns = []
@@ -122,7 +97,7 @@ def collect(env: Any, pairs: Sequence[tuple[Any, Any]], experts: Sequence[str], 
         obs, _ = env.reset(options={"graph": graph, "machine": machine})
         key = (id(graph), id(machine))
         if key not in plans:
-            plans[key] = expert_plan(env, experts, model)
+            plans[key] = teacher(env) if teacher is not None else expert_plan(env, experts, model)
         ep = plans[key]
         demos.episodes.append({k: obs[k] for k in STATIC_KEYS if k in obs})
         e = len(demos.episodes) - 1
@@ -205,20 +180,32 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
                first_episodes: int | None = None, keep: float = 1.0, model: Any = None,
                log: Callable[[str], None] = lambda s: None, should_stop: Callable[[], bool] = lambda: False,
                after_round: Callable[[int, dict[str, float]], None] | None = None,
-               level_weight: float = 0.0, dagger: bool = True) -> list[dict[str, float]]:
+               level_weight: float = 0.0, dagger: bool = True,
+               teacher: Callable[[Any], SlotPlan] | None = None, resume: Any = None,
+               save: Callable[[Any, np.random.Generator, th.optim.Optimizer], None] | None = None
+               ) -> list[dict[str, float]]:
     """DAgger: round 0 the expert plays, later rounds the (greedy) learner plays
     (``dagger=False``: the expert plays every round -- plain behaviour cloning on
-    more and more pairs); every state is labelled by the expert and the policy
-    is refit on all of them.
-    ``after_round(r, stats)`` runs after each round (the trainer evaluates there)."""
-    from opsched.agents.evaluate import policy_actor
+    more and more pairs); every state is labelled by the expert (``teacher(env)``,
+    default the best of ``experts``) and the policy is refit on all of them.
+    ``after_round(r, stats)`` runs after each round (the trainer evaluates there).
 
-    rng = np.random.default_rng(seed)
-    demos = Demonstrations()
+    Resumable (:mod:`opsched.agents.rounds`): ``save(state, rng, optimizer)``
+    runs after every finished round, ``resume`` (a saved
+    :class:`~opsched.agents.rounds.RoundState`, the policy already holding that
+    round's weights) continues at its next round; a round cut short by
+    ``should_stop`` is not saved, so it is played again in full."""
+    from opsched.agents.evaluate import policy_actor
+    from opsched.agents.rounds import RoundState, restore_optimizer
+
+    state = resume if resume is not None else RoundState()
+    rng = state.generator(np.random.default_rng(seed))
+    demos = state.demos
     plans: dict = {}
-    history = []
+    history = state.history
     opt = th.optim.Adam(policy.parameters(), lr=lr)
-    for r in range(rounds):
+    restore_optimizer(opt, state)
+    for r in range(state.next_round, rounds):
         if should_stop():
             break
         t0 = time.time()
@@ -228,17 +215,25 @@ def warm_start(policy: Any, env: Any, pairs: Sequence[tuple[Any, Any]], experts:
             group["lr"] = lr * 0.1 ** (r / max(rounds - 1, 1))
         n_eps = first_episodes if (r == 0 and first_episodes) else episodes_per_round
         pick = rng.choice(len(pairs), size=min(n_eps, len(pairs)), replace=False)
-        chosen = [pairs[i] for i in pick]
+        chosen = [pairs[int(i)] for i in pick]
         learner = None if (r == 0 or not dagger) else policy_actor(policy)
-        rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng)
+        rets = collect(env, chosen, experts, demos, learner, model, plans, should_stop, keep, rng, teacher)
         stats = fit(policy, demos, steps, lr, batch_size, seed + r, should_stop, opt, level_weight)
         stats.update(round=r, samples=len(demos), played_return=float(np.mean(rets)) if rets else float("nan"),
                      seconds=time.time() - t0)
+        if should_stop():
+            break  # an unfinished round: played again on resume
         history.append(stats)
         log(f"imitation round {r}: {len(demos)} states, accuracy {stats['accuracy']:.3f}, "
             f"return of the {'learner' if learner else 'expert'} {stats['played_return']:.4f}")
-        if after_round is not None and not should_stop():
+        if after_round is not None:
             after_round(r, stats)
+        if should_stop():
+            history.pop()
+            break
+        state.next_round = r + 1
+        if save is not None:
+            save(state, rng, opt)
     return history
 
 

@@ -32,7 +32,7 @@ def load_trained_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     """A run's best model (or a given zip inside a run folder), rebuilt from the
     run's config and loaded with ``set_parameters`` (tensors only, no unpickling).
 
-    ``env`` defaults to a one-pair env of the run's first held-out pair, which
+    ``env`` defaults to a one-pair env of the run's first validation pair, which
     only fixes the spaces."""
     path = Path(run_or_zip)
     run = Run.open(path if path.is_dir() else path.parent if (path.parent / "config.yaml").exists()
@@ -40,8 +40,8 @@ def load_trained_model(run_or_zip: str | Path, env: Any = None) -> MaskablePPO:
     zip_path = run.model_for_init() if path.is_dir() else path
     cfg = run.config
     if env is None:
-        env = make_env([load_graph(cfg.heldout_graphs[0], cache_dir=graphs_dir())],
-                       [load_machine(cfg.heldout_machines[0])], cfg.max_nodes)
+        env = make_env([load_graph(cfg.validation_graphs[0], cache_dir=graphs_dir())],
+                       [load_machine(cfg.validation_machines[0])], cfg.max_nodes)
     model = build_model(cfg, env, seed=None)
     set_weights(model, zip_path, "model")
     return model

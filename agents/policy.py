@@ -58,13 +58,15 @@ class GraphPolicy(MaskableActorCriticPolicy):
         super().__init__(observation_space, action_space, lr_schedule, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
-        self.mlp_extractor = SplitHeads(self.features_extractor.n_actions)
+        self.mlp_extractor = SplitHeads(self.encoder.n_actions)
 
     def _build(self, lr_schedule) -> None:
         self._build_mlp_extractor()
         self.action_net = nn.Identity()
         self.value_net = nn.Identity()
-        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        # as SB3's own _build: optimizer_class is typed as the Optimizer base, whose __init__ has no lr
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1),  # pyright: ignore[reportCallIssue]
+                                              **self.optimizer_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
@@ -86,8 +88,9 @@ def action_logits(policy: GraphPolicy, obs: dict[str, np.ndarray]) -> np.ndarray
     policy.set_training_mode(False)
     tensor, _ = policy.obs_to_tensor(obs)
     with th.no_grad():
-        logits, _ = policy.encoder.logits_and_value(
-            preprocess_obs(tensor, policy.observation_space, policy.normalize_images))
+        features = preprocess_obs(tensor, policy.observation_space, policy.normalize_images)
+        assert isinstance(features, dict)  # a Dict observation space preprocesses to a dict of tensors
+        logits, _ = policy.encoder.logits_and_value(features)
     return logits[0].cpu().numpy()
 
 

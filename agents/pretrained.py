@@ -12,9 +12,12 @@ from opsched.agents.export import export_run
 from opsched.errors import PolicyError
 
 #: The shipped policy's training run: the default ``opsched train-policy``
-#: configuration (training and held-out sets, PPO hyperparameters, imitation
+#: configuration (training and validation sets, PPO hyperparameters, imitation
 #: warm start from critical-path-first and HEFT) with seed 0.
-PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "n_envs": 2, "seed": 0, "hyperparams": "default"}
+#: ``timesteps: 0``: the shipped policy is the warm start alone (it was trained
+#: before the RL phase was on by default; its figures in the README are that policy's).
+PRETRAINED_SETTINGS: dict[str, Any] = {"name": "pretrained", "n_envs": 2, "seed": 0, "hyperparams": "default",
+                                       "timesteps": 0}
 
 
 def pretrained_dir() -> Path:

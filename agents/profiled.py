@@ -165,6 +165,11 @@ class ProfiledScheduleEnv(gym.Env):
     def layout(self) -> Any:
         return self.current.layout
 
+    @property
+    def model(self) -> Any:
+        """The current machine's planning model (the teachers price its episode with it)."""
+        return self.current.model
+
     def close(self) -> None:
         for env in self.envs:
             env.close()

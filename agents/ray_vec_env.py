@@ -34,11 +34,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 from opsched.agents.cluster import ClusterError, check_versions, machine_resource, process_record
 from opsched.agents.wire import WireError, info_from_wire, info_to_wire, pack_arrays, unpack_arrays
@@ -48,19 +51,24 @@ ENV_SPEC_FORMAT = "opsched.env-spec"
 START_TIMEOUT_S = 300.0
 #: Calls to a lost worker before it is given up (the first half wait for Ray's own restart).
 RECOVER_TRIES = 6
+#: env_method calls whose effect outlives the call: a restarted worker gets them again
+STICKY_METHODS = frozenset({"set_pairs"})
 _RNG = "__bit_generator_state__"
 
 
 # ------------------------------------------------------------------ env spec
 def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, backend: str = "sim",
-             graph_specs: Sequence[str] | None = None, model_files: dict[str, str] | None = None) -> dict[str, Any]:
+             graph_specs: Sequence[str] | None = None, model_files: dict[str, str] | None = None,
+             focus: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a worker needs to build the driver's environments, as JSON-able data.
 
     In the simulator the graphs travel as graph JSON; a real backend executes
     them, so each node imports them from their spec strings (``graph_specs``)
     and checks the fingerprints.  ``model_files``: planning-model files of the
     profile cache (path -> JSON text) when training on profiled machines
-    (:mod:`opsched.agents.profiled`)."""
+    (:mod:`opsched.agents.profiled`).  ``focus``: the arguments of
+    :class:`~opsched.agents.focus.FocusPairs`, which then wraps every env (the
+    RL phase's pairs, set later with ``env_method("set_pairs", ...)``)."""
     spec: dict[str, Any] = {
         "format": ENV_SPEC_FORMAT, "version": 1, "backend": backend, "max_nodes": int(max_nodes),
         "graph_fingerprints": [g.fingerprint() for g in graphs],
@@ -74,6 +82,9 @@ def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, bac
         spec["graph_specs"] = list(graph_specs)
     if model_files:
         spec["model_files"] = dict(model_files)
+    if focus is not None:
+        spec["focus"] = {"shaping": bool(focus.get("shaping", False)),
+                         "teacher_steps": int(focus.get("teacher_steps", 400)), "seed": int(focus.get("seed", 0))}
     return spec
 
 
@@ -110,6 +121,12 @@ def build_envs(spec: dict[str, Any], n: int, where: str = "the driver") -> list[
         make = lambda: make_profiled_env(graphs, machines, max_nodes, models)  # noqa: E731
     else:
         make = lambda: make_env(graphs, machines, max_nodes, backend=backend)  # noqa: E731
+    focus = spec.get("focus")
+    if isinstance(focus, dict):  # the RL phase's pairs (opsched.agents.focus), as the local workers
+        from opsched.agents.focus import FocusPairs
+
+        plain = make
+        make = lambda: FocusPairs(plain(), **focus)  # noqa: E731
     return [Monitor(make(), info_keywords=("makespan",)) for _ in range(n)]
 
 
@@ -290,6 +307,8 @@ class RayVecEnv(VecEnv):
         self._last_obs: list[dict[str, np.ndarray]] = [{} for _ in range(n_envs)]
         self._pending: list[Any] | None = None
         self._base_seed = 0
+        #: env_method calls that set state a restarted worker must get again (FocusPairs.set_pairs)
+        self._sticky: list[tuple[str, list, dict, list[int]]] = []
         super().__init__(n_envs, observation_space, action_space)
         if self.on_change is not None:
             self.on_change(self)
@@ -331,6 +350,7 @@ class RayVecEnv(VecEnv):
         blob = None
         for attempt in range(RECOVER_TRIES):
             try:
+                self._replay(w)
                 blob = self.ray.get(w.actor.reset.remote(seeds, [{}] * (w.hi - w.lo)), timeout=START_TIMEOUT_S)
                 w.record = self.ray.get(w.actor.describe.remote(), timeout=START_TIMEOUT_S)
                 break
@@ -349,6 +369,13 @@ class RayVecEnv(VecEnv):
             self.on_change(self)
         return unpack_arrays(blob, f"env worker {w.index}")
 
+    def _replay(self, w: _Worker) -> None:
+        """The sticky env_method calls (:attr:`STICKY_METHODS`) again on ``w``'s envs, in order."""
+        for name, args, kwargs, indices in self._sticky:
+            local = [i - w.lo for i in indices if w.lo <= i < w.hi]
+            if local:
+                self.ray.get(w.actor.env_method.remote(name, args, kwargs, local), timeout=START_TIMEOUT_S)
+
     def _replace(self, w: _Worker) -> None:
         try:
             self.ray.kill(w.actor, no_restart=True)
@@ -359,7 +386,8 @@ class RayVecEnv(VecEnv):
     # ----------------------------------------------------------------- API
     def seed(self, seed: int | None = None) -> Sequence[int | None]:
         seeds = super().seed(seed)
-        self._base_seed = int(seeds[0])
+        first = seeds[0]  # VecEnv.seed draws one when seed is None: never None here
+        self._base_seed = int(first) if first is not None else 0
         return seeds
 
     def reset(self) -> VecEnvObs:
@@ -430,7 +458,7 @@ class RayVecEnv(VecEnv):
         for j in range(w.hi - w.lo):
             last = self._last_obs[w.lo + j]
             obs = {}
-            for k in self.observation_space.spaces:
+            for k in cast("gym.spaces.Dict", self.observation_space).spaces:
                 got = arrays.get(f"o{j}.{k}")
                 if got is None:
                     if k not in last:
@@ -470,6 +498,9 @@ class RayVecEnv(VecEnv):
                    **method_kwargs: Any) -> list[Any]:
         if method_name == "action_masks":  # sent with every step's reply
             return [self._masks[i] for i in self._get_indices(indices)]
+        if method_name in STICKY_METHODS:
+            self._sticky.append((method_name, list(method_args), dict(method_kwargs),
+                                 list(self._get_indices(indices))))
         out = []
         for w, local in self._where(indices):
             out += self.ray.get(w.actor.env_method.remote(method_name, list(method_args), method_kwargs, local))

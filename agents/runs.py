@@ -7,10 +7,14 @@ reproduce it, resume it and read its results without the process that made it.
         versions.json        system and package versions
         tb/                  TensorBoard events (SB3 logger)
         checkpoints/         step_<steps>.zip (SB3 model) + step_<steps>.json (step counter, RNG states)
-        evaluations.csv      one row per held-out evaluation
-        best_model.zip       the model with the best held-out ratio so far
+        warm_start/          the model after each warm-start round, the warm start's result
+                             (final.zip, done.json) and its resumable state (opsched.agents.rounds)
+        validation_baselines.json   the baselines' makespans on the validation pairs
+        rl_pairs.json        the training pairs the RL phase plays, with their weights
+        evaluations.csv      one row per validation evaluation
+        best_model.zip       the model with the best validation ratio so far
         final_model.zip      the model at the end (or at Ctrl-C)
-        learning_curve.png   held-out ratios and training return against steps
+        learning_curve.png   validation ratios and training return against steps
 
 Models are SB3 zips; opsched loads them with ``set_parameters`` (tensors,
 ``weights_only``) into a model built from ``config.yaml``, never by
@@ -150,6 +154,22 @@ class Run:
         with self.evaluations_file.open() as fh:
             return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(fh)]
 
+    def keep_evaluations(self, n: int) -> None:
+        """Keep the first ``n`` rows of ``evaluations.csv`` (a resumed run drops the
+        rows its interrupted round or rollout wrote after the state it resumes from)."""
+        if not self.evaluations_file.exists():
+            return
+        lines = self.evaluations_file.read_text().splitlines(keepends=True)
+        if len(lines) > n + 1:
+            atomic_write_text(self.evaluations_file, "".join(lines[: n + 1]) if n > 0 else "")
+            if n == 0:
+                self.evaluations_file.unlink()
+
+    @property
+    def warm_start_dir(self) -> Path:
+        """The warm start's models (``round_<k>.zip``, ``final.zip``) and resumable state."""
+        return self.path / "warm_start"
+
     def model_for_init(self) -> Path:
         """The model ``--init`` starts from: the best one, else the final one, else the last checkpoint."""
         for p in (self.best_model, self.final_model):
@@ -225,7 +245,7 @@ def _quote(arg: str) -> str:
 
 
 def plot_learning_curve(run: Run) -> Path | None:
-    """``learning_curve.png``: the held-out geometric-mean makespan ratio against
+    """``learning_curve.png``: the validation geometric-mean makespan ratio against
     each baseline (and the per-pair best), with the episode returns, over the
     imitation rounds (left, when there were any) and the PPO steps (right)."""
     rows = run.evaluations()
@@ -258,18 +278,18 @@ def plot_learning_curve(run: Run) -> Path | None:
         ax2.plot(xs, [r.get("train_return", float("nan")) for r in sel], marker="o", ms=3, color="C6",
                  label="training episodes (PPO rollouts)")
         ax2.plot(xs, [r.get("mean_return", float("nan")) for r in sel], marker="o", ms=3, color="C7",
-                 label="held-out episodes (greedy)")
+                 label="validation episodes (greedy)")
         ax2.set_xlabel(xlabel)
         ax2.grid(alpha=0.3)
         if xkey == "imitation_round":
             from matplotlib.ticker import MaxNLocator
 
             ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0][0].set_ylabel("held-out makespan ratio\n(learned / baseline, geo-mean; <1 = faster)")
+    axes[0][0].set_ylabel("validation makespan ratio\n(learned / baseline, geo-mean; <1 = faster)")
     axes[1][0].set_ylabel("episode return\n(-makespan / sequential)")
     axes[0][-1].legend(loc="best", fontsize=8, title="vs baseline", title_fontsize=8)
     axes[1][-1].legend(loc="best", fontsize=8)
-    fig.suptitle(f"{run.path.name}: learned policy on the held-out set")
+    fig.suptitle(f"{run.path.name}: learned policy on the validation set")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

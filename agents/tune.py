@@ -2,7 +2,7 @@
 
 Each trial is one ``train()`` run (its own run folder under ``<out>/``) with
 sampled learning rate, entropy coefficient, ``n_steps`` and encoder depth and
-width (a key fixed with ``--set`` is not searched).  The objective is the lowest held-out geometric-mean makespan ratio
+width (a key fixed with ``--set`` is not searched).  The objective is the lowest validation geometric-mean makespan ratio
 against ``critical-path-first`` the trial reached (lower is better); every
 periodic evaluation is reported to the pruner, which can stop a trial early.
 
@@ -176,6 +176,7 @@ def _postgres_driver(url: str) -> str:
 def _schema_exists(url: str, engine_kwargs: dict[str, Any]) -> bool:
     """Whether the database at ``url`` already holds Optuna's schema (its version table)."""
     import sqlalchemy
+    import sqlalchemy.exc
 
     try:
         engine = sqlalchemy.create_engine(url, **engine_kwargs)

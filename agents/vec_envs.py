@@ -34,9 +34,27 @@ def training_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | No
     models = _models(cfg, machines)
     if not cfg.cluster:
         if models is None:
-            return make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend)
+            return make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend,
+                                focus=_focus_args(cfg))
         return _local_profiled(graphs, machines, cfg.max_nodes, cfg.n_envs, models)
     return ray_vec_env(cfg, graphs, machines, run_path)
+
+
+def focuses(cfg: Any) -> bool:
+    """Whether the rollout workers can play the RL phase's chosen pairs
+    (:class:`~opsched.agents.focus.FocusPairs`): simulator workers on the
+    analytic model, local or Ray actors; profiled and real-backend workers play
+    every training pair."""
+    return (cfg.backend == "sim" and not getattr(cfg, "profiled_machines", None)
+            and cfg.ppo.get("rl_pairs", "all") != "all")
+
+
+def _focus_args(cfg: Any) -> dict[str, Any] | None:
+    """:class:`~opsched.agents.focus.FocusPairs`' arguments, or None when the workers do not focus."""
+    if not focuses(cfg):
+        return None
+    return {"shaping": bool(cfg.ppo.get("rl_shaping", False)),
+            "teacher_steps": int(cfg.ppo.get("teacher_steps", 400)), "seed": cfg.seed}
 
 
 def warm_start_env(cfg: Any, graphs: list, machines: list) -> Any:
@@ -73,7 +91,8 @@ def ray_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | None = 
             from opsched.agents.profiled import cache_dir, model_files
 
             files = model_files(machines, cache_dir(cfg.profiles_dir))
-        specs: Any = env_spec(graphs, machines, cfg.max_nodes, model_files=files)
+        specs: Any = env_spec(graphs, machines, cfg.max_nodes, model_files=files,
+                              focus=None if files else _focus_args(cfg))
         per, placed = int(cfg.envs_per_worker), None
     else:
         offered = machines_offered(ray)

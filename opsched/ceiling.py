@@ -35,6 +35,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
+from opsched.policies.refine import iterated_slot_search
 
 
 @dataclass
@@ -74,29 +75,15 @@ def _episode_data(graph: OpGraph, machine: Machine, model: PerfModel | None) -> 
 
 def iterated_local_search(graph: OpGraph, machine: Machine, model: PerfModel | None, start: Plan, steps: int,
                           seed: int = 0, restarts: int = 4, kick: int = 6) -> tuple[Plan, float]:
-    """``start`` improved by ``steps`` simulations of local search: a first
-    climb, then ``restarts`` climbs from the best plan with ``kick`` random
-    moves applied (taken whatever they cost), each with an equal share."""
-    from opsched.engine.slots import from_plan, makespan, to_plan
-    from opsched.policies.refine import _move, local_search
+    """``start`` improved by ``steps`` simulations of local search on the whole
+    graph (:func:`iterated_slot_search`)."""
+    from opsched.engine.slots import from_plan, to_plan
 
     data = _episode_data(graph, machine, model)
-    rng = np.random.default_rng(seed)
     best = from_plan(data, start, "start")
-    if not math.isfinite(makespan(data, best)):
+    best = iterated_slot_search(data, best, steps, np.random.default_rng(seed), restarts, kick)
+    if not math.isfinite(best.makespan):
         return start, float("inf")
-    share = max(1, steps // (restarts + 1))
-    best = local_search(data, best, share, rng)
-    for _ in range(restarts):
-        cand = best.copy()
-        for _ in range(kick):
-            moved = _move(data, cand, rng)
-            if moved is not None:
-                cand = moved
-        makespan(data, cand)
-        cand = local_search(data, cand, share, rng)
-        if cand.makespan < best.makespan * (1.0 - 1e-12):
-            best = cand
     return to_plan(data, best, "local-search"), float(best.makespan)
 
 
@@ -176,4 +163,4 @@ def best_known(graph: OpGraph, machine: Machine, model: PerfModel | None = None,
     return BestKnown(best, spans[source], source, spans, bound, lp, cp_bound, cp_optimal, cp_status, seconds)
 
 
-__all__ = ["BestKnown", "best_known", "iterated_local_search"]
+__all__ = ["BestKnown", "best_known", "iterated_local_search", "iterated_slot_search"]

@@ -29,6 +29,7 @@ import numpy as np
 
 from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
+from opsched.lru import IdentityLRU
 from opsched.machine import Device, Machine
 from opsched.plan import Assignment, Plan
 from opsched.policies.base import build_plan
@@ -131,14 +132,25 @@ def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: 
     return build_plan(problem.graph, machine, assignments, policy=policy, **meta)
 
 
+#: HEFT's GPU placement per (graph, machine, model): CPA, biCPA and LP rounding
+#: all start from it, and planning runs them one after another on the same graph.
+_PLACEMENTS = IdentityLRU(256)
+
+
 def heft_placement(graph: OpGraph, machine: Machine, model: PerfModel | None) -> dict[str, str]:
-    """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine)."""
+    """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine);
+    computed once per (graph, machine, model) and shared (a copy each call)."""
     if not machine.gpus:
         return {}
-    from opsched.policies.heft import HeftPolicy
 
-    plan = HeftPolicy().plan(graph, machine, model)
-    return {k: a.device for k, a in plan.assignments.items() if a.device != "cpu"}
+    def make() -> dict[str, str]:
+        from opsched.policies.heft import HeftPolicy
+
+        plan = HeftPolicy().plan(graph, machine, model)
+        return {k: a.device for k, a in plan.assignments.items() if a.device != "cpu"}
+
+    owners = (graph, machine) if model is None else (graph, machine, model)
+    return dict(_PLACEMENTS.get_or_make((id(graph), id(machine), id(model)), make, *owners))
 
 
 def placements(graph: OpGraph, machine: Machine, model: PerfModel | None) -> list[tuple[str, dict[str, str]]]:

@@ -71,4 +71,30 @@ def local_search(data: Any, start: SlotPlan, budget: int, rng: np.random.Generat
 
 
 
-__all__ = ["local_search"]
+def iterated_slot_search(data: Any, start: SlotPlan, steps: int, rng: np.random.Generator,
+                         restarts: int = 4, kick: int = 6) -> SlotPlan:
+    """A :class:`~opsched.engine.slots.SlotPlan` improved by ``steps`` simulations
+    of local search on the episode's slots (``data``): a first climb, then
+    ``restarts`` climbs from the best plan with ``kick`` random moves applied
+    (taken whatever they cost), each with an equal share.  The training
+    teacher (:mod:`opsched.agents.teachers`) searches coarsened episodes with it;
+    :func:`opsched.ceiling.iterated_local_search` whole graphs."""
+    best = start.copy()
+    if not np.isfinite(makespan(data, best)):
+        return best
+    share = max(1, steps // (restarts + 1))
+    best = local_search(data, best, share, rng)
+    for _ in range(restarts):
+        cand = best.copy()
+        for _ in range(kick):
+            moved = _move(data, cand, rng)
+            if moved is not None:
+                cand = moved
+        makespan(data, cand)
+        cand = local_search(data, cand, share, rng)
+        if cand.makespan < best.makespan * (1.0 - 1e-12):
+            best = cand
+    return best
+
+
+__all__ = ["iterated_slot_search", "local_search"]

@@ -164,9 +164,9 @@ def test_config_resolution_and_errors(tmp_path):
     entry = load_hyperparams("default")
     assert entry["hidden"] == 64 and entry["rounds"] == 2
     cfg = TrainConfig(overrides=parse_set(["learning_rate=1e-4", "n_steps=64", "eval_freq=100",
-                                           "heldout_machines=random:2000"])).resolve()
+                                           "validation_machines=random:2000"])).resolve()
     assert cfg.ppo["learning_rate"] == 1e-4 and cfg.ppo["n_steps"] == 64
-    assert cfg.eval_freq == 100 and cfg.heldout_machines == ["random:2000"]
+    assert cfg.eval_freq == 100 and cfg.validation_machines == ["random:2000"]
     with pytest.raises(ConfigError, match="bogus"):
         TrainConfig(overrides={"bogus": 1}).resolve()
     with pytest.raises(ConfigError, match="n_steps"):

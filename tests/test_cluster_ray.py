@@ -30,8 +30,8 @@ TINY = [
     "--hyperparams", "tiny", "--set", "imitation_rounds=0", "--set", "max_nodes=32",
     "--set", "train_graphs=layered:20:1,erdos_renyi:24:2",
     "--set", "train_machines=cpu:8:90:40,random:5",
-    "--set", "heldout_graphs=watts_strogatz:20:3",
-    "--set", "heldout_machines=cpu:16:80:100",
+    "--set", "validation_graphs=watts_strogatz:20:3",
+    "--set", "validation_machines=cpu:16:80:100",
     "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
 ]
 
@@ -198,8 +198,8 @@ def test_real_rollouts_run_on_a_node_of_their_machine(cluster, tmp_path):
     run = _train(tmp_path / "runs", "--backend", "torch-cpu", "--n-envs", "1", "--timesteps", "64",
                  "--hyperparams", "tiny", "--set", "imitation_rounds=0", "--set", "max_nodes=32",
                  "--set", "n_steps=32", "--set", "train_graphs=zoo:lstm@1x0.5", "--set", "eval_freq=64",
-                 "--set", "checkpoint_freq=64", "--set", "heldout_graphs=watts_strogatz:20:3",
-                 "--set", "heldout_machines=cpu:16:80:100", "--set", f"profiles_dir={cache}",
+                 "--set", "checkpoint_freq=64", "--set", "validation_graphs=watts_strogatz:20:3",
+                 "--set", "validation_machines=cpu:16:80:100", "--set", f"profiles_dir={cache}",
                  "--cluster", f"ray:{cluster.address}")
     record = json.loads((run / "cluster.json").read_text())
     (worker,) = record["workers"]

@@ -113,8 +113,8 @@ def test_training_on_profiled_machines_with_local_workers(tmp_path):
     r = CliRunner().invoke(app, [
         "train-policy", "--out", str(tmp_path / "runs"), "--no-progress", "--hyperparams", "tiny", "--n-envs", "2",
         "--timesteps", "128", "--set", "max_nodes=32", "--set", "imitation_rounds=1",
-        "--set", "train_graphs=layered:20:1,zoo:lstm@1x0.5", "--set", "heldout_graphs=watts_strogatz:20:3",
-        "--set", "heldout_machines=cpu:16:80:100", "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
+        "--set", "train_graphs=layered:20:1,zoo:lstm@1x0.5", "--set", "validation_graphs=watts_strogatz:20:3",
+        "--set", "validation_machines=cpu:16:80:100", "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
         "--set", "profiled_machines=all", "--set", f"profiles_dir={cache}"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.is_dir() and not p.name.startswith(".")]

@@ -33,11 +33,11 @@ def test_splits_are_disjoint_and_the_config_refuses_test_data():
     splits.check()
     with pytest.raises(ValueError, match="both the train and the test split"):
         splits.check(train=splits.Split("train", ("layered:200:901",), ()))
-    assert TrainConfig(train_machines=["knl-68"], heldout_graphs=[splits.TEST_KERAS[0]]).test_overlap() == \
+    assert TrainConfig(train_machines=["knl-68"], validation_graphs=[splits.TEST_KERAS[0]]).test_overlap() == \
         sorted(["knl-68", splits.TEST_KERAS[0]])
     cfg = TrainConfig().resolve()
     assert cfg.test_overlap() == []
-    assert cfg.train_graphs == list(splits.TRAIN_GRAPHS) and cfg.heldout_machines == list(splits.VALIDATION_MACHINES)
+    assert cfg.train_graphs == list(splits.TRAIN_GRAPHS) and cfg.validation_machines == list(splits.VALIDATION_MACHINES)
 
 
 # ---------------------------------------------------------- machine family

@@ -100,7 +100,7 @@ def test_measured_points_are_returned_where_measured():
     assert model.source(op, CPU, 4) == "measured" and model.source(op, CPU, 3) == "amdahl"
 
 
-def test_two_level_profile_predicts_held_out_level_through_the_kind_shape():
+def test_two_level_profile_predicts_left_out_level_through_the_kind_shape():
     g = _graph(36)
     prof = _profile(g, levels=(1, 2))
     ops = dict(prof.ops)

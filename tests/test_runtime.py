@@ -342,7 +342,7 @@ def _fake_run(name: str, graph: OpGraph, plans: dict[str, Plan], truth: TorchCPU
                       {k: [0.0] * 3 for k in real})
 
 
-def test_calibration_fit_recovers_a_known_runtime_and_is_held_out(graph, plans, tmp_path) -> None:
+def test_calibration_fit_recovers_a_known_runtime_and_is_left_out(graph, plans, tmp_path) -> None:
     # memory streams slow enough that some ops wait for them and others hide them (the roofline's two sides)
     truth = TorchCPURuntime(op_overhead_s=60e-6, host_s=8e-6, corun_c0=0.1, insitu_factor=1.2,
                                thread_switch_s=150e-6, cold_byte_s=1e-9, act_byte_s=2e-10, spin_s=2e-3)

@@ -77,7 +77,7 @@ def test_fitted_on_digests_reads_the_runtime_record(tmp_path) -> None:
     assert S.fitted_on_digests(g, MACHINE, tmp_path) == {F.plan_digest(p) for p in plans.values()}
 
 
-def test_analysis_scores_the_planning_model_and_the_held_out_refit(tmp_path) -> None:
+def test_analysis_scores_the_planning_model_and_the_left_out_refit(tmp_path) -> None:
     runs, fresh = _runs()
     res = S.analyse(runs, MACHINE, PlanningModel(PERF, TRUTH), PERF, fresh)
     a = res["per_model"]["a"]
@@ -98,7 +98,7 @@ def test_analysis_scores_the_planning_model_and_the_held_out_refit(tmp_path) -> 
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_one_model_has_no_held_out_refit_and_no_fresh_plan_means_no_figure(tmp_path) -> None:
+def test_one_model_has_no_left_out_refit_and_no_fresh_plan_means_no_figure(tmp_path) -> None:
     runs, fresh = _runs()
     one = S.analyse(runs[:1], MACHINE, PlanningModel(PERF, TRUTH), PERF, fresh)
     assert one["per_model"]["a"]["simulated_lomo_s"] is None and one["per_model"]["a"]["refit"] is None

@@ -27,8 +27,8 @@ TINY = [
     "--set", "max_nodes=32",
     "--set", "train_graphs=layered:20:1,erdos_renyi:24:2",
     "--set", "train_machines=cpu:8:90:40,random:5",
-    "--set", "heldout_graphs=watts_strogatz:20:3",
-    "--set", "heldout_machines=cpu:16:80:100",
+    "--set", "validation_graphs=watts_strogatz:20:3",
+    "--set", "validation_machines=cpu:16:80:100",
     "--set", "eval_freq=128", "--set", "checkpoint_freq=128",
 ]
 
@@ -81,7 +81,7 @@ def test_tiny_run_writes_every_file(tmp_path):
     assert torch.get_num_threads() == 2  # training's own thread count does not leak into the caller
     run = tmp_path / "tiny_1"
     for name in ("config.yaml", "command.txt", "versions.json", "evaluations.csv", "best_model.zip",
-                 "final_model.zip", "learning_curve.png", "heldout_baselines.json"):
+                 "final_model.zip", "learning_curve.png", "validation_baselines.json"):
         assert (run / name).is_file(), name
     assert "train-policy" in (run / "command.txt").read_text()
     versions = json.loads((run / "versions.json").read_text())
@@ -106,18 +106,18 @@ def test_tiny_run_writes_every_file(tmp_path):
     best = min(row["gmean_best"] for row in rows)
     assert json.loads((run / "summary.json").read_text())["best_score"] == pytest.approx(best)
 
-    # TensorBoard: episode return, held-out ratios against each baseline, entropy, losses
+    # TensorBoard: episode return, validation ratios against each baseline, entropy, losses
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("rollout/ep_rew_mean", "heldout/gmean_cpf", "heldout/gmean_heft", "heldout/gmean_sequential",
+    for tag in ("rollout/ep_rew_mean", "validation/gmean_cpf", "validation/gmean_heft", "validation/gmean_sequential",
                 "train/entropy_loss", "train/value_loss", "train/policy_gradient_loss",
-                "imitation/accuracy", "imitation/heldout/gmean_cpf"):
+                "imitation/accuracy", "imitation/validation/gmean_cpf"):
         assert tag in tags, (tag, sorted(tags))
 
-    # the best model loads (tensors only) and schedules a held-out graph into a valid plan
+    # the best model loads (tensors only) and schedules a validation graph into a valid plan
     from opsched.agents.environments import make_env
     from opsched.agents.evaluate import policy_actor, run_episode
     from opsched.machine import get_machine
@@ -275,3 +275,17 @@ def test_one_flag_vocabulary():
             assert is_flag or p.show_default is not False or "default" in p.help, (name, p.name, p.help)
     # the quickstart's real model is -m / --model like everywhere else
     assert "--model -m" in _help("quickstart")
+
+
+def test_the_rl_phase_is_on_by_default_and_the_help_says_how_long():
+    """Issue 23: the default run has PPO steps after the warm start; --help quotes them
+    without importing torch (flags.DEFAULT_TIMESTEPS mirrors the config's)."""
+    from opsched.agents.config import DEFAULT_TIMESTEPS, TrainConfig
+    from opsched.agents.pretrained import PRETRAINED_SETTINGS
+    from opsched.commands import flags
+
+    assert TrainConfig().timesteps == DEFAULT_TIMESTEPS == flags.DEFAULT_TIMESTEPS > 0
+    assert TrainConfig().resolve().ppo["imitation_rounds"] > 0  # the warm start comes first
+    assert PRETRAINED_SETTINGS["timesteps"] == 0                # the shipped policy's recipe: warm start only
+    out = CliRunner().invoke(app, ["train-policy", "--help"], env={"COLUMNS": "300"}).output
+    assert f"default {DEFAULT_TIMESTEPS}" in out and f"{flags.DEFAULT_RUN_MINUTES} minutes" in out

@@ -191,7 +191,7 @@ def sim_to_real(models: Sequence[str] = ZOO_MODELS, batches: Sequence[int] = (1,
                      for p in plans]
     return {"pooled": scores(sims_all, real_all), "per_model": per_model, "plans": rows,
             "planning_model": describe(model), "runtime": model.runtime.to_dict(),
-            "held_out": "plans drawn with another seed than the calibration's, none equal to a plan it was fitted on"}
+            "unseen_plans": "plans drawn with another seed than the calibration's, none equal to a plan it was fitted on"}
 
 
 # ------------------------------------------------------------------ apply time

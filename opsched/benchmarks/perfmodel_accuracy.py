@@ -2,7 +2,7 @@
 
 Target (issue 3): median absolute percentage error <= 10% for ops of 50 µs or
 more on this machine, at thread counts the model was not fitted on.  Every zoo
-model is profiled (cached; ``--refresh`` measures again), then each held-out
+model is profiled (cached; ``--refresh`` measures again), then each left-out
 evaluation (the functions below) is scored on the points (op, thread count)
 whose measured median is at least ``--min-us``.
 
@@ -65,7 +65,7 @@ def drop_level(prof: Profile, level: int, op_id: str | None = None) -> Profile:
 def clean(prof: Profile, limit: float) -> Profile:
     """A copy of ``prof`` holding only trusted points (a preempted multi-thread
     time can be recognised only next to the same op's one-thread time, so it
-    must go before that time is held out)."""
+    must go before that time is left out)."""
     ops = {}
     for oid, o in prof.ops.items():
         bad = o.suspect_levels(limit)
@@ -227,8 +227,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     * ``per_op_loto`` - leave one (op, thread count) out: the op keeps its other
       thread counts, every other op keeps everything; the model is refit and
-      predicts the held-out point.  The main figure, split into ops whose shape
-      recurs (a same-shape op still has the held-out level) and unique shapes.
+      predicts the left-out point.  The main figure, split into ops whose shape
+      recurs (a same-shape op still has the left-out level) and unique shapes.
     * ``strict_loto`` - leave one thread count out for *every* op at once (with
       only levels 1 and 2 this shows the fallback: analytic serial fractions).
     * ``unseen_ops`` - leave one model out: every op of a zoo model predicted
@@ -338,9 +338,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for label, sub in result["per_op_loto"]["by_twin"].items():
         lines.append(row(f"  of which {label}", sub))
     for label, sub in result["per_op_loto"]["by_threads"].items():
-        lines.append(row(f"  of which {label} thread(s) held out", sub))
+        lines.append(row(f"  of which {label} thread(s) left out", sub))
     for k, v in result["strict_loto"].items():
-        lines.append(row(f"strict: thread count {k} held out for every op", v["all"]))
+        lines.append(row(f"strict: thread count {k} left out for every op", v["all"]))
     u = result["unseen_ops"]
     lines.append(row("unseen model (leave-one-model-out), fitted", u["fitted_all"]))
     for src, s in u["fitted_by_source"].items():
@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     table.add_row("per-op leave-one-thread-count-out", str(headline["n"]), pct(headline["mdape"]),
                   pct(headline["p90"]))
     for k, v in result["strict_loto"].items():
-        table.add_row(f"strict LOTO, k={k} held out", str(v["all"]["n"]), pct(v["all"]["mdape"]),
+        table.add_row(f"strict LOTO, k={k} left out", str(v["all"]["n"]), pct(v["all"]["mdape"]),
                       pct(v["all"]["p90"]))
     for label, s in (("unseen model: fitted", u["fitted_all"]), ("unseen model: analytic", u["analytic"]),
                      ("noise: re-measuring same-shape ops", result["noise_floor_same_shape"])):

@@ -145,7 +145,7 @@ def md_keras(k: dict[str, Any]) -> list[str]:
 
 def md_sim(s: dict[str, Any]) -> list[str]:
     L = ["## 2. Scale in the simulator", "",
-         f"Held-out graphs ({', '.join(s['graphs'])}; from {s['graph_source']}) on every preset machine, "
+         f"Validation graphs ({', '.join(s['graphs'])}; from {s['graph_source']}) on every preset machine, "
          f"analytic performance model. Search: Optuna, {s['search_trials']} trials per graph. Learned policy: "
          f"{s['learned']}. Geometric means over graphs: makespan / lower bound (1 = the physical limit), "
          "speedup over sequential; median time to decide.", ""]
@@ -222,7 +222,7 @@ def md_costs(c: dict[str, Any]) -> list[str]:
             L += ["", f"Exported scheduler: skipped: {p.get('learned')}"]
         L += ["", "![planning time](planning_time.png)"]
     t = c.get("train_to_beat_cpf", {})
-    L += ["", "**Training time to beat critical-path-first** (held-out geometric mean <= 1): "
+    L += ["", "**Training time to beat critical-path-first** (validation geometric mean <= 1): "
           + (f"skipped: {t['skipped']}" if "skipped" in t else
              (f"{t['run']}: after {t['steps']:.0f} steps, {t['wall_s']:.0f} s (ratio {t['gmean_cpf']:.3f})"
               if t.get("beat_cpf") else f"{t['run']}: not reached in {t['final_steps']:.0f} steps / "
@@ -368,7 +368,7 @@ def plot_sim(s: dict[str, Any], path: Path) -> None:
     ax.set_xticks(x, presets)
     ax.set_ylabel("makespan / lower bound (geometric mean)")
     ax.set_yscale("log")
-    ax.set_title("Held-out graphs in the simulator: distance to the physical limit")
+    ax.set_title("Validation graphs in the simulator: distance to the physical limit")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()

@@ -6,7 +6,7 @@
    its own process (:class:`~opsched.benchmarks.harness.Worker`), outputs
    checked against eager's; ``keras``: TensorFlow's thread settings
    (:mod:`opsched.benchmarks.keras_settings`).
-2. ``sim`` -- the held-out graphs on every preset machine in the simulator.
+2. ``sim`` -- the validation graphs on every preset machine in the simulator.
 3. ``costs`` -- runtime overhead, simulator and environment speed, planning
    time, and the time training took to beat critical-path-first.
 4. ``fidelity`` -- :mod:`opsched.benchmarks.sim_to_real`.
@@ -289,7 +289,7 @@ def section_keras(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar:
 
 # ======================================================================= section 2: simulator scale
 def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: Any) -> dict[str, Any]:
-    from opsched.agents.config import DEFAULT_HELDOUT_GRAPHS
+    from opsched.agents.config import DEFAULT_VALIDATION_GRAPHS
     from opsched.backends.sim import SimBackend
     from opsched.engine.bounds import allocation_lp_bound
     from opsched.engine.sim import lower_bound
@@ -297,7 +297,7 @@ def section_sim(args: argparse.Namespace, ctx: dict[str, Any], out: Path, bar: A
     from opsched.policies import get_policy, heuristic_names, timed_plan
     from opsched.specs import load_graph
 
-    specs, source = list(DEFAULT_HELDOUT_GRAPHS), "opsched.agents.config.DEFAULT_HELDOUT_GRAPHS"
+    specs, source = list(DEFAULT_VALIDATION_GRAPHS), "opsched.agents.config.DEFAULT_VALIDATION_GRAPHS"
     if args.quick:
         specs = [s for s in specs if not s.startswith("zoo:")][:2] + [s for s in specs if s.startswith("zoo:")][:1]
     presets = [p for p in preset_names() if p != "local"]
@@ -418,7 +418,7 @@ def train_time_to_beat_cpf(runs_root: Path | None = None) -> dict[str, Any]:
     default hyperparameters - the resolved values the run recorded, so a run
     of an older default does not count - and seed 0, in the simulator, not
     fine-tuned from another run; the newest run of any kind when there is
-    none): the first evaluation at which the held-out geometric-mean ratio to
+    none): the first evaluation at which the validation geometric-mean ratio to
     critical-path-first is <= 1."""
     import csv
 

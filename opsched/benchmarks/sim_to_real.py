@@ -57,7 +57,7 @@ TARGET_SPEARMAN = 0.8
 FRESH_SEED = 1
 RAW_FORMAT = "sim_to_real_raw/3"
 #: Simulated columns: the headline (the planning model), then the two that say where its error comes from.
-COLUMNS = {"simulated_s": "planning model", "simulated_lomo_s": "runtime refit, model held out",
+COLUMNS = {"simulated_s": "planning model", "simulated_lomo_s": "runtime refit, model left out",
            "simulated_raw_s": "performance model alone"}
 
 
@@ -80,7 +80,7 @@ def evaluation_plans(graph: OpGraph, machine: Machine, model: PerfModel, n: int,
                      ) -> tuple[dict[str, Plan], set[str]]:
     """At least ``n`` *fresh* plans (made with :data:`FRESH_SEED` by ``model``, none
     of them in ``seen``), plus ``DETAIL_PLANS`` even when seen (their per-op
-    durations feed the held-out refit); returns the plans and the fresh names."""
+    durations feed the left-out refit); returns the plans and the fresh names."""
     want = n
     for _ in range(8):
         made = make_plans(graph, machine, model, want, seed=FRESH_SEED)
@@ -172,8 +172,8 @@ def score_table(res: Mapping[str, Any]) -> list[str]:
     empty = why_empty(res)
     if empty:
         return [f"No figure: {empty}."]
-    lines = ["| model | ops | profiled | fresh plans | MdAPE | Spearman | target | MdAPE, refit held out | "
-             "Spearman, refit held out | MdAPE, perf. model alone | Spearman, perf. model alone | others' cores |",
+    lines = ["| model | ops | profiled | fresh plans | MdAPE | Spearman | target | MdAPE, refit left out | "
+             "Spearman, refit left out | MdAPE, perf. model alone | Spearman, perf. model alone | others' cores |",
              "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     for m, v in res["per_model"].items():
         prof = {True: "yes", False: "no"}.get(v.get("profiled"), "?")
@@ -187,7 +187,7 @@ def score_table(res: Mapping[str, Any]) -> list[str]:
     med = p["simulated_s"]["spearman_per_model_median"]
     lines += ["", "Pooled Spearman is over all fresh (model, plan) points"
               + (f"; the median of the per-model coefficients is {med:.2f}." if math.isfinite(med) else ".")
-              + (" No held-out refit: it needs the measurements of two models or more." if p["simulated_lomo_s"]
+              + (" No left-out refit: it needs the measurements of two models or more." if p["simulated_lomo_s"]
                  is None else "")]
     return lines
 
@@ -227,7 +227,7 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
            if res["runtime_fitted_on"] else "no runtime model was fitted on any measured plan. ")
         + f"Plans: `runtime_fit.make_plans` with "
         f"seed {res['fresh_seed']} (the fit's plans use seed 0); *fresh* plans are those the runtime model was "
-        "not fitted on, and only they are scored (seq-1t and seq-all are measured for the held-out refit "
+        "not fitted on, and only they are scored (seq-1t and seq-all are measured for the left-out refit "
         "even when they were fitted on).", "",
         f"Measured: `TorchCPUBackend` wall time in one worker process (`runtime_fit.measure`); {res['rounds']} "
         f"rounds visit every (model, plan), each in a fresh child forked from the worker ({res['warmup']} warm-up "
@@ -241,7 +241,7 @@ def write_markdown(res: Mapping[str, Any], path: Path) -> None:
         *[f"| {m} | {describe_runtime(v['refit'])} |" for m, v in res["per_model"].items()], ""]
     for m in res["per_model"]:
         lines += [f"## {m}", "", "| plan | fresh | kind | measured ms (q1-q3) | planning model ms | APE | "
-                  "refit held out ms | APE | perf. model alone ms | APE |",
+                  "refit left out ms | APE | perf. model alone ms | APE |",
                   "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for x in (x for x in res["rows"] if x["model"] == m):
             me = x["measured_s"]

@@ -12,7 +12,7 @@ from opsched.commands.app import app, console_for
 @app.command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="Training run folder (runs/<name>_<N>)."),
-    which: str = typer.Option("best", "--which", help="Which model: best (the best held-out model), final (the "
+    which: str = typer.Option("best", "--which", help="Which model: best (the best validation model), final (the "
                               "last), or the path of a model zip inside the run."),
     out: Path = typer.Option(None, "--out", "-o", show_default=False,
                              help="Output folder (default: <run>/policy)."),

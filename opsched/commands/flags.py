@@ -15,7 +15,11 @@ from typing import Any
 
 #: Wall-clock minutes of the default ``opsched train-policy`` (seed 0) on the 2-core
 #: development VM (README, "Status"); quoted by ``--help``.
-DEFAULT_RUN_MINUTES = 2
+DEFAULT_RUN_MINUTES = 12
+
+#: ``opsched.agents.config.DEFAULT_TIMESTEPS`` (the RL phase's default steps), for
+#: ``--help`` without importing torch; tests/test_train_cli.py keeps the two equal.
+DEFAULT_TIMESTEPS = 40_000
 
 
 def hyperparam_entries() -> dict[str, str]:

@@ -5,7 +5,7 @@ Its training set is simulated: for random graphs of every synthetic family, at
 several sizes and batch scales, on each multi-GPU preset, Maestro's multi-GPU
 schedule and its single-GPU schedule both run on the simulator, and the label
 says whether the first is at least ``PAYOFF`` faster.  The zoo models (batch
-1 and 8) are held out and reported as a test set.  The result is written as
+1 and 8) are the test set, reported only.  The result is written as
 plain JSON (``policies/maestro_svm.json`` by default, the file that ships).
 """
 
@@ -49,7 +49,7 @@ def maestro_train_cmd(
     scales: str = typer.Option("1,4,16,64", "--scales", help="Comma-separated batch scale factors applied to "
                                "each graph."),
     seeds: int = typer.Option(3, "--seeds", min=1, help="Random graphs per family and size."),
-    zoo: bool = typer.Option(True, "--zoo/--no-zoo", help="Evaluate on the zoo models (held out)."),
+    zoo: bool = typer.Option(True, "--zoo/--no-zoo", help="Evaluate on the zoo models (the test set)."),
     c: float = typer.Option(10.0, "--C", help="SVM regularization (larger: fewer training errors tolerated)."),
     progress: Optional[bool] = progress_option(),
 ) -> None:
@@ -101,7 +101,7 @@ def maestro_train_cmd(
             from opsched.zoo import ZOO
 
             zjobs = [(name, b, m) for name in ZOO for b in (1, 8) for m in mach]
-            ztask = prog.add_task("held-out zoo graphs", total=len(zjobs))
+            ztask = prog.add_task("test zoo graphs", total=len(zjobs))
             graphs = {}
             for name, b, m in zjobs:
                 if (name, b) not in graphs:
@@ -119,14 +119,14 @@ def maestro_train_cmd(
         truth = [pays_off(mu, si) for *_, mu, si in holdout]
         acc = float(np.mean([p == t for p, t in zip(pred, truth)]))
         svm.meta["zoo_holdout_accuracy"] = acc
-        t = Table(title="held-out zoo graphs")
+        t = Table(title="test zoo graphs")
         for col in ("graph", "batch", "machine", "multi / single makespan", "pays off", "SVM says"):
             t.add_column(col)
         for (name, b, mname, _, mu, si), p, tr in zip(holdout, pred, truth):
             t.add_row(name, str(b), mname, f"{mu / si:.2f}", str(tr), str(p),
                       style=None if p == tr else "red")
         console.print(t)
-        console.print(f"zoo held-out accuracy: {acc:.2f}")
+        console.print(f"zoo test accuracy: {acc:.2f}")
     path = out or DEFAULT_SVM_PATH
     svm.save(path)
     console.print(f"{len(ya)} samples ({int(ya.sum())} pay off), {len(svm.dual_coef)} support vectors, "

@@ -36,7 +36,7 @@ QUICK_GRAPHS = "zoo:inception,zoo:nasnet,zoo:randwire,zoo:lstm"
 #: draws of the training machine family, validated on others (agents/splits.py's kinds).
 QUICK_TRAIN = ("train_graphs=layered:40:1,erdos_renyi:60:2,watts_strogatz:40:3,matmul_chains:30:1",
                "train_machines=random:0,random:1,random:2,random:3,random:4,random:5",
-               "heldout_graphs=layered:60:101,transformer:60:105", "heldout_machines=random:1000,random:1001")
+               "validation_graphs=layered:60:101,transformer:60:105", "validation_machines=random:1000,random:1001")
 
 
 def _newest_run(out: Path, name: str) -> Path | None:
@@ -68,7 +68,8 @@ def quickstart(
     if train:
         sets = [x for item in QUICK_TRAIN for x in ("--set", item)]
         step("2/4  train a policy (short run in the simulator)",
-             ["train-policy", "--name", "quickstart", "--hyperparams", "quick", *sets, "--out", str(out), *shown])
+             ["train-policy", "--name", "quickstart", "--hyperparams", "quick", "--timesteps", "0", *sets,
+              "--out", str(out), *shown])
         run = _newest_run(out, "quickstart")
         if run is not None and (run / "policy" / "policy.json").exists():
             policies = f"all,{run / 'policy'}"

@@ -19,20 +19,20 @@ from rich.console import Console
 from rich.table import Table
 
 from opsched.commands.app import app, progress_option, want_progress
-from opsched.commands.flags import DEFAULT_RUN_MINUTES, hyperparams_help, typed_command
+from opsched.commands.flags import DEFAULT_RUN_MINUTES, DEFAULT_TIMESTEPS, hyperparams_help, typed_command
 
 
 @app.command("train-policy", help=(
     "Train a scheduling policy into <out>/<name>_<N>/ (config, command line, TensorBoard events, "
-    f"checkpoints, held-out evaluations, the exported policy). The default run takes about "
+    f"checkpoints, validation evaluations, the exported policy). The default run takes about "
     f"{DEFAULT_RUN_MINUTES} minutes on 2 cores. Ctrl-C saves a checkpoint; --resume continues it."))
 def train_policy(
     ctx: typer.Context,
     name: str = typer.Option("ppo", "--name", help="Run name: the folder is <out>/<name>_<N>."),
     timesteps: Optional[int] = typer.Option(None, "--timesteps", min=0, show_default=False,
                                             help="PPO environment steps after the warm start (imitation, then "
-                                                 "expert iteration); default 0: none. With --resume: the new "
-                                                 "total, by default the run's own."),
+                                                 f"expert iteration); default {DEFAULT_TIMESTEPS}, 0: none. "
+                                                 "With --resume: the new total, by default the run's own."),
     n_envs: int = typer.Option(2, "--n-envs", min=1, help="Parallel environments (subprocesses when > 1)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the policy, the environments and the warm start."),
     hyperparams: str = typer.Option("default", "--hyperparams", help=hyperparams_help("PPO / encoder settings.")),
@@ -92,11 +92,11 @@ def train_policy(
 
 
 def print_result(run, console: Console) -> None:
-    """The run folder and its latest held-out figures against each baseline."""
+    """The run folder and its latest validation figures against each baseline."""
     latest = run.summary.get("latest") or {}
     table = Table(title=f"{run.path}  (step {run.num_timesteps}"
                         f"{', interrupted' if run.interrupted else ''})")
-    for col in ("held-out ratio vs", "geo-mean", "mean", "worst"):
+    for col in ("validation ratio vs", "geo-mean", "mean", "worst"):
         table.add_column(col)
     for key in sorted(k[len("gmean_"):] for k in latest if k.startswith("gmean_")):
         table.add_row(key.replace("_", "-"), f"{latest[f'gmean_{key}']:.3f}", f"{latest[f'mean_{key}']:.3f}",

@@ -78,7 +78,7 @@ def tune_cmd(
 
 
 def print_trials(rows: list[dict], console: Console) -> None:
-    table = Table(title="trials (value = held-out geo-mean makespan ratio vs critical-path-first)")
+    table = Table(title="trials (value = validation geo-mean makespan ratio vs critical-path-first)")
     for col in ("#", "state", "value", "params", "run"):
         table.add_column(col)
     for r in rows:

@@ -48,7 +48,7 @@ lane, segment
 train / validation / test
     The three disjoint splits of graphs x machines (:mod:`opsched.agents.splits`):
     training, selection while training (the evaluations, the best model),
-    and the figures quoted.  "held out" in older docs meant the validation split.
+    and the figures quoted.
 
 The contracts:
 
