@@ -222,8 +222,9 @@ class TrainStepAdapter(Adapter):
         count: eager's own variation, :func:`same_step`'s ``spread``)."""
         net = clone_training(self.network)
         state = torch.get_rng_state()
-        loss = eager_step(net, *self.inputs)
-        return net, loss, eager_spread(self.network, *self.inputs, state)
+        x, y = self.inputs
+        loss = eager_step(net, x, y)
+        return net, loss, eager_spread(self.network, x, y, state)
 
     def check_run(self, backend: Backend, graph: OpGraph, plan: Plan, feeds: tuple, reference: Any) -> str | None:
         from opsched.importers.torch_step import StepRunner
