@@ -11,14 +11,16 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-TINY = [
-    "--hyperparams", "tiny", "--n-envs", "1", "--timesteps", "64",
+#: A tiny run's settings, without its length (the PostgreSQL tests give their own ``--timesteps``).
+TINY_SETTINGS = [
+    "--hyperparams", "tiny", "--n-envs", "1",
     "--set", "n_steps=32", "--set", "hidden=16", "--set", "rounds=1", "--set", "imitation_rounds=0",
     "--set", "max_nodes=16",
     "--set", "train_graphs=layered:12:1", "--set", "train_machines=cpu:8:90:40",
     "--set", "validation_graphs=erdos_renyi:12:3", "--set", "validation_machines=cpu:16:80:100",
     "--set", "eval_freq=32", "--set", "checkpoint_freq=64",
 ]
+TINY = [*TINY_SETTINGS, "--timesteps", "64"]
 CODE = ("import sys, opsched.commands.tune; from opsched.cli import main; "
         "sys.argv = ['opsched'] + sys.argv[1:]; main()")
 

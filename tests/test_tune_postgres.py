@@ -17,22 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_tune import CODE
+from test_tune import TINY_SETTINGS as TINY
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg (the [cluster] extra)")
 
 pytestmark = pytest.mark.slow
-
-TINY = [
-    "--hyperparams", "tiny", "--n-envs", "1",
-    "--set", "n_steps=32", "--set", "hidden=16", "--set", "rounds=1", "--set", "imitation_rounds=0",
-    "--set", "max_nodes=16",
-    "--set", "train_graphs=layered:12:1", "--set", "train_machines=cpu:8:90:40",
-    "--set", "validation_graphs=erdos_renyi:12:3", "--set", "validation_machines=cpu:16:80:100",
-    "--set", "eval_freq=32", "--set", "checkpoint_freq=64",
-]
-CODE = ("import sys, opsched.commands.tune; from opsched.cli import main; "
-        "sys.argv = ['opsched'] + sys.argv[1:]; main()")
 
 
 def _pg_bindir() -> Path | None:
