@@ -308,18 +308,30 @@ class TrainingNetwork:
     optimizer: Any  # torch.optim.Optimizer
 
 
+#: The optimizers a training step is written out for (``--optimizer``): the class name (the same in
+#: ``torch.optim`` and ``keras.optimizers``) and the defaults, the learning rate as ``lr``.
+OPTIMIZERS: dict[str, tuple[str, dict[str, float]]] = {
+    "sgd": ("SGD", {"lr": 0.01, "momentum": 0.9}),
+    "adam": ("Adam", {"lr": 1e-3}),
+    "adamw": ("AdamW", {"lr": 1e-3, "weight_decay": 0.01}),
+}
+
+
+def _optimizer_settings(kind: str, lr: float | None) -> tuple[str, dict[str, float]]:
+    """The class name and keyword arguments of optimizer ``kind`` (``lr`` overrides the default)."""
+    if kind not in OPTIMIZERS:
+        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(OPTIMIZERS)}")
+    name, defaults = OPTIMIZERS[kind]
+    return name, {**defaults, **({"lr": lr} if lr is not None else {})}
+
+
 def make_optimizer(kind: str, module: Any, lr: float | None = None) -> Any:
     """``sgd`` (lr 0.01, momentum 0.9), ``adam`` (lr 1e-3) or ``adamw`` (lr 1e-3, weight decay 0.01), over
     ``module``'s parameters, ``foreach=False`` (the per-parameter formulas the step graph writes out)."""
     import torch
 
-    kinds = {"sgd": (torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
-             "adam": (torch.optim.Adam, {"lr": 1e-3}),
-             "adamw": (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})}
-    if kind not in kinds:
-        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
-    cls, kw = kinds[kind]
-    return cls(module.parameters(), **{**kw, **({"lr": lr} if lr is not None else {}), "foreach": False})
+    name, kw = _optimizer_settings(kind, lr)
+    return getattr(torch.optim, name)(module.parameters(), **kw, foreach=False)
 
 
 def load_training(spec: str, batch: int = 4, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
@@ -393,13 +405,9 @@ def make_keras_optimizer(kind: str, lr: float | None = None) -> Any:
     the Keras twins of :func:`make_optimizer`."""
     import keras
 
-    kinds = {"sgd": (keras.optimizers.SGD, {"learning_rate": 0.01, "momentum": 0.9}),
-             "adam": (keras.optimizers.Adam, {"learning_rate": 1e-3}),
-             "adamw": (keras.optimizers.AdamW, {"learning_rate": 1e-3, "weight_decay": 0.01})}
-    if kind not in kinds:
-        raise OpschedError(f"unknown optimizer {kind!r}; choose from {', '.join(kinds)}")
-    cls, kw = kinds[kind]
-    return cls(**{**kw, **({"learning_rate": lr} if lr is not None else {})})
+    name, kw = _optimizer_settings(kind, lr)
+    kw["learning_rate"] = kw.pop("lr")
+    return getattr(keras.optimizers, name)(**kw)
 
 
 def keras_application_step(spec: str, batch: int, width: float = 1.0, seed: int = 0, optimizer: str = "sgd",
@@ -505,7 +513,7 @@ def load_graph(spec: str, batch: int = 1, width: float = 1.0, seed: int = 0, *,
     raise GraphError(f"unknown graph spec {spec!r}; {_available()}")
 
 
-TRAIN_OPTIMIZERS = ("sgd", "adam", "adamw")
+TRAIN_OPTIMIZERS = tuple(OPTIMIZERS)
 
 
 def _training_graph(spec: str, batch: int, width: float, seed: int, cache_dir: str | Path | None) -> OpGraph:
