@@ -45,7 +45,7 @@ def test_pairs(quick: bool = False) -> list[tuple[str, str, str]]:
     from opsched.agents import splits
 
     steps = list(splits.TEST_STEP_GRAPHS)
-    graphs = [g for g in splits.TEST_GRAPHS if g not in set(steps)]
+    graphs = [g for g in splits.TEST_GRAPHS if g not in splits.TEST_STEP_GRAPHS]
     if quick:
         graphs = [g for g in graphs if not g.startswith("keras:")][:6] + list(splits.TEST_PLACEMENT_GRAPHS[:1])
         steps = steps[:1]
