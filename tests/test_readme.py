@@ -40,7 +40,12 @@ def _commands() -> list[str]:
 def test_python_snippets_run_from_another_directory(code, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ScheduleFallbackWarning" not in out.stderr, out.stderr[-2000:]
+    # Eager timed faster than the plan on this machine (FallbackReason.FRAMEWORK_FASTER) is a measured
+    # choice that goes either way on the snippet's tiny MLP (0.8 vs 1.1 ms, or within 2%); any other
+    # fallback - a capture, check or import failure - fails the snippet.
+    fallbacks = [line for line in out.stderr.splitlines()
+                 if "ScheduleFallbackWarning" in line and "so the eager step runs" not in line]
+    assert not fallbacks, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("block", _blocks("sh", marked=True), ids=lambda b: b.strip().splitlines()[0][:50])
