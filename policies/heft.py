@@ -151,36 +151,59 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                               else np.asarray(wide, bool), float(segment_cost), assign, float(tolerance))
 
     n_groups = int(group.max()) + 1 if p else 0
-    proc = np.full(n, -1, dtype=int)
-    start = np.zeros(n)
-    finish = np.zeros(n)
+    # the hot loop on Python lists and floats (numpy scalar indexing costs more
+    # than the arithmetic; the values and their order of operations are the same)
+    costs: list[list[float]] = comp.tolist()
+    grp: list[int] = group.tolist()
+    proc_l = [-1] * n
+    start_l = [0.0] * n
+    finish_l = [0.0] * n
     starts: list[list[float]] = [[] for _ in range(p)]
     finishes: list[list[float]] = [[] for _ in range(p)]
+    inf = float("inf")
     for i in order:
         # data-ready time of task i on each device (group)
-        drt = np.zeros(n_groups)
+        drt = [0.0] * n_groups
         for j in pred[i]:
-            gj = group[proc[j]]
+            gj = grp[proc_l[j]]
+            fj = finish_l[j]
             for g in range(n_groups):
-                t = finish[j] if g == gj else finish[j] + transfer(j, i, int(gj), g)
+                t = fj if g == gj else fj + transfer(j, i, gj, g)
                 if t > drt[g]:
                     drt[g] = t
-        best_q, best_s, best_f, best_k = -1, 0.0, np.inf, 0
+        best_q, best_s, best_f, best_k = -1, 0.0, inf, 0
         empty_seen = set()
+        row = costs[i]
         for q in range(p):
-            w = comp[i, q]
-            if not starts[q]:  # idle processors of one device and cost are interchangeable: try the first
-                same = (group[q], w)
+            w = row[q]
+            sq = starts[q]
+            if not sq:  # idle processors of one device and cost are interchangeable: try the first
+                same = (grp[q], w)
                 if same in empty_seen:
                     continue
                 empty_seen.add(same)
-            s, k = _earliest_slot(starts[q], finishes[q], float(drt[group[q]]), w, insertion)
+                s, k = drt[grp[q]], 0
+            elif insertion:  # the earliest gap of length w from `ready` (inlined: the innermost loop of a plan)
+                fq = finishes[q]
+                ready = drt[grp[q]]
+                k = bisect_right(fq, ready)  # intervals before k end by `ready`
+                m = len(sq)
+                while k < m:
+                    s = max(ready, fq[k - 1]) if k > 0 else ready
+                    if s + w <= sq[k]:
+                        break
+                    k += 1
+                else:
+                    s = max(ready, fq[-1])
+            else:
+                s, k = max(drt[grp[q]], finishes[q][-1]), len(sq)
             if s + w < best_f:
                 best_q, best_s, best_f, best_k = q, s, s + w, k
-        proc[i], start[i], finish[i] = best_q, best_s, best_f
+        proc_l[i], start_l[i], finish_l[i] = best_q, best_s, best_f
         starts[best_q].insert(best_k, best_s)
         finishes[best_q].insert(best_k, best_f)
-    return HeftSchedule(proc, start, finish, rank, order)
+    return HeftSchedule(np.asarray(proc_l, dtype=int), np.asarray(start_l, dtype=float),
+                        np.asarray(finish_l, dtype=float), rank, order)
 
 
 def _lane_schedule(comp: np.ndarray, pred: list[list[int]], order: tuple[int, ...], rank: np.ndarray,
@@ -231,22 +254,6 @@ def _lane_schedule(comp: np.ndarray, pred: list[list[int]], order: tuple[int, ..
         free[q] = f
         last[q] = i
     return HeftSchedule(proc, start, finish, rank, order, tuple(prev))
-
-
-def _earliest_slot(starts: list[float], finishes: list[float], ready: float, w: float,
-                   insertion: bool) -> tuple[float, int]:
-    """Earliest start >= ``ready`` for a task of length ``w`` on one processor,
-    and the index at which its interval goes in the processor's sorted list."""
-    if not starts:
-        return ready, 0
-    if insertion:
-        k = bisect_right(finishes, ready)  # intervals before k end by `ready`
-        while k < len(starts):
-            t = max(ready, finishes[k - 1]) if k > 0 else ready
-            if t + w <= starts[k]:
-                return t, k
-            k += 1
-    return max(ready, finishes[-1]), len(starts)
 
 
 def _topological(n: int, pred: list[list[int]], succ: list[list[int]]) -> list[int]:

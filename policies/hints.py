@@ -52,6 +52,12 @@ def heuristic_plans(graph: OpGraph, machine: Machine, model: Any = None,
     return _CACHE.get_or_make(key, make, *(() if model is None else (model,)))
 
 
+def clear_cache() -> None:
+    """Forget every heuristic plan computed so far (benchmarks that time
+    planning from scratch: the heuristics are part of a first plan's cost)."""
+    _CACHE.clear()
+
+
 def best_heuristic(graph: OpGraph, machine: Machine, model: Any = None,
                    names: Sequence[str] | None = None) -> tuple[str, Plan, float]:
     """(name, Plan, makespan) of the fastest of ``names`` (default: the hint heuristics; the first of equals)."""
@@ -60,4 +66,4 @@ def best_heuristic(graph: OpGraph, machine: Machine, model: Any = None,
     return name, plans[name][0], plans[name][1]
 
 
-__all__ = ["best_heuristic", "heuristic_plans", "hint_names"]
+__all__ = ["best_heuristic", "clear_cache", "heuristic_plans", "hint_names"]

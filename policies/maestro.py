@@ -308,8 +308,8 @@ def label_sample(graph: OpGraph, machine: Machine,
 
     model = resolve_model(model)
     sim = Simulator(machine, model=model)
-    multi = sim.run(graph, Maestro(force=True).plan(graph, machine, model)).makespan
-    single = sim.run(graph, Maestro(force=False).plan(graph, machine, model)).makespan
+    multi = sim.makespan(graph, Maestro(force=True).plan(graph, machine, model))
+    single = sim.makespan(graph, Maestro(force=False).plan(graph, machine, model))
     return maestro_features(graph, machine, model), float(multi), float(single)
 
 

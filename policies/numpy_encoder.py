@@ -36,6 +36,7 @@ from opsched.engine.layout import (
     MAX_DEVICES,
     PER_SLOT,
     STATIC_FEATURES,
+    EpisodeHintGate,
     hint_columns,
     hint_gate,
     unflatten_obs,
@@ -181,6 +182,7 @@ class EncoderEpisode:
         self.pre = x_static @ enc.w_in_static + enc.b_in  # (n, H): static share of the input layer
         self.prior = prior(x_static, enc.hint_prior)  # (n, PER_SLOT): the heuristic's plan as a logit bonus
         self.static = x_static
+        self.gate = EpisodeHintGate(x_static)
         self.wait_prior = float(enc.hint_prior[2]) if hint_columns(x_static)[1].any() else 0.0
         if enc.levels:  # node_levels is static within an episode too
             if node_levels is None:
@@ -283,7 +285,7 @@ class EncoderEpisode:
         dyn = np.asarray(node_dynamic, np.float32)[: self.n]
         h = self.embed(dyn)
         c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
-        free = hint_gate(self.static, dyn, np.asarray(hardware, np.float32))
+        free = self.gate(dyn, np.asarray(hardware, np.float32))
         has_wait = len(actions) > 0 and actions[-1] == wait
         starts = actions[:-1] if has_wait else actions
         out = np.empty(len(actions), np.float32)
@@ -308,7 +310,7 @@ class EncoderEpisode:
         dyn = np.asarray(node_dynamic, np.float32)[: self.n]
         h = self.embed(dyn)
         c = self.context(h, np.asarray(hardware, np.float32), np.asarray(globals_, np.float32))
-        free = hint_gate(self.static, dyn, np.asarray(hardware, np.float32))
+        free = self.gate(dyn, np.asarray(hardware, np.float32))
         grid = (self._op_scores(h, c, ops, free)[:, cols].ravel() if len(ops) and len(cols)
                 else np.empty(0, np.float32))
         return np.append(grid, self._wait_score(c, free)) if wait else grid

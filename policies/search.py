@@ -119,7 +119,7 @@ class OptunaSearch(Policy):
         for _ in range(self.n_trials):
             trial = study.ask()
             plan = self.decode(trial, graph, machine)
-            study.tell(trial, float(sim.run(graph, plan).makespan))
+            study.tell(trial, sim.makespan(graph, plan))
         best = study.best_trial
         plan = self.decode(optuna.trial.FixedTrial(best.params), graph, machine)
         return build_plan(graph, machine, plan.assignments, policy=self.name, n_trials=len(study.trials),

@@ -304,3 +304,20 @@ def test_sim_speed_bench_smoke(tmp_path):
     data = json.loads((tmp_path / "sim_speed.json").read_text())
     assert data["rows"] and all(math.isfinite(r["ops_per_s"]) for r in data["rows"])
     assert (tmp_path / "sim_speed.md").exists()
+
+
+@pytest.mark.parametrize("machine", ["knl-68", "dgx1-4v100", "cpu:4:50:30"])
+@pytest.mark.parametrize("noise", [0.0, 0.2])
+def test_makespan_without_the_trace_equals_the_traced_run(machine, noise):
+    """Simulator.makespan skips building the trace: the same value and the same
+    noise draws as run(...).makespan, bit for bit, for every heuristic's plan
+    (holds and co-running included)."""
+    from opsched.policies import get_policy
+    from opsched.synthetic import generate
+
+    m = get_machine(machine)
+    g = generate("erdos_renyi", 60, 7)
+    traced, bare = SimBackend(m, noise=noise, seed=3), SimBackend(m, noise=noise, seed=3)
+    for name in ("sequential", "tf-recommended", "critical-path-first", "heft", "random"):
+        plan = get_policy(name).plan(g, m)
+        assert bare.makespan(g, plan) == traced.run(g, plan).makespan

@@ -1,6 +1,8 @@
 """Planning speed of the exported (numpy-only) learned scheduler, by graph size.
 
-Target (issue 7): the Plan for a 200-op graph in at most 50 ms on one core, so
+Target (issue 23): the Plan for a 200-op graph in at most 100 ms on one core
+with the default plan-time search (greedy decoding, the hint heuristics as
+candidates, local search; issue 7's 50 ms was for greedy decoding alone), so
 planning is negligible next to a run; checked on the *median* 200-op case (a
 typical graph), with the worst case reported beside it (``met_worst``).
 
@@ -23,13 +25,22 @@ from opsched.timing import clocked, host_record, summary
 SIZES = (50, 100, 200, 400)
 FAMILIES = ("layered", "erdos_renyi", "watts_strogatz")
 MACHINES = ("xeon-8180-2s", "knl-68", "dgx1-4v100", "local")
-TARGET_MS, TARGET_OPS = 50.0, 200
+TARGET_MS, TARGET_OPS = 100.0, 200
 
 
 def time_plans(policy: Any, graph: OpGraph, machine: Any, repeats: int) -> dict[str, Any]:
-    """Median wall / CPU milliseconds of planning fresh copies of ``graph`` (the copy is not timed)."""
+    """Median wall / CPU milliseconds of planning fresh copies of ``graph``, the
+    hint heuristics included (nothing cached from the previous repeat; making
+    the copy is not timed)."""
+    from opsched.policies.hints import clear_cache
+
     data = graph.to_dict()
-    runs = clocked(lambda g: policy.plan(g, machine), repeats, warmup=1, setup=lambda: OpGraph.from_dict(data))
+
+    def fresh() -> OpGraph:
+        clear_cache()  # the hint heuristics are part of planning a graph the first time
+        return OpGraph.from_dict(data)
+
+    runs = clocked(lambda g: policy.plan(g, machine), repeats, warmup=1, setup=fresh)
     plan = runs.results[-1]
     return {"wall_ms": summary(runs.wall_s)["median"] * 1e3, "cpu_ms": summary(runs.cpu_s)["median"] * 1e3,
             **{k: plan.meta.get(k) for k in ("decisions", "slots", "coarsened", "chosen")}}

@@ -141,6 +141,27 @@ def hint_gate(node_static: Any, node_dynamic: Any, hardware: Any) -> Any:
     return free * (dev >= 0) * (want <= got + 1e-6)
 
 
+_HINT_FREE = DYNAMIC_FEATURES.index("hint_free")
+_FREE_FRAC = HARDWARE_FEATURES.index("free_frac")
+
+
+class EpisodeHintGate:
+    """:func:`hint_gate` for one episode's ops (numpy, no leading axes), with
+    the static half - each op's hinted device and thread share - computed once:
+    the decoder asks for the gate at every decision."""
+
+    def __init__(self, node_static: np.ndarray) -> None:
+        dev = (node_static[..., STATIC_FEATURES.index("hint_device")] * MAX_DEVICES).round() - 1
+        self.has = dev >= 0
+        self.idx = dev.clip(0, MAX_DEVICES - 1).astype(np.int64)
+        self.want = node_static[..., STATIC_FEATURES.index("hint_threads")]
+
+    def __call__(self, node_dynamic: np.ndarray, hardware: np.ndarray) -> np.ndarray:
+        """The gate for ``node_dynamic`` (n, F) and ``hardware`` (MAX_DEVICES, F): hint_gate's values."""
+        got = hardware[:, _FREE_FRAC][self.idx]
+        return node_dynamic[:, _HINT_FREE] * self.has * (self.want <= got + 1e-6)
+
+
 def obs_shapes(max_nodes: int, max_edges: int) -> dict[str, tuple[int, ...]]:
     """The logical shape of each observation key (see :data:`OBS_KEYS`).
 

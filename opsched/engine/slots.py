@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.engine.sim import replay
+from opsched.engine.sim import replay_lists
 from opsched.errors import ExecutionError
 from opsched.plan import Assignment, Plan
 
@@ -97,9 +97,14 @@ def _assignments(data: Any, sp: SlotPlan) -> list[Assignment]:
 
 def makespan(data: Any, sp: SlotPlan) -> float:
     """``sp`` replayed in the simulator on the episode's (coarse) graph; also stored in ``sp.makespan``."""
-    plan = Plan(dict(zip(data.static.op_ids, _assignments(data, sp), strict=True)), "", "", sp.source)
+    n = data.n
+    levels = data.static.levels
+    dev = list(sp.device)
+    thr = [int(levels[d][lv]) for d, lv in zip(dev, sp.level, strict=True)]
+    prio = [float(n - r) for r in sp.rank]  # the priorities _assignments gives, without building the Plan
+    after = [tuple(a) for a in sp.after] if any(sp.after) else None
     try:
-        st, _ = replay(data.static, plan)
+        st, _ = replay_lists(data.static, dev, thr, prio, after)
         sp.makespan = float(st.now)
     except ExecutionError:  # a projected plan whose holds cross coarse groups both ways: it would stall
         sp.makespan = float("inf")

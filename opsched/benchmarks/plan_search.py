@@ -1,0 +1,144 @@
+"""Choosing the exported scheduler's plan-time search on the validation split.
+
+:meth:`opsched.policies.exported.ExportedPolicy.plan` returns the fastest of
+its greedy decoding, ``K`` sampled decodings and the hint heuristics' plans,
+improved by ``R`` local-search steps.  Which ``(K, R)`` is the default is a
+trade between plan quality and planning time (issue 23 asks for a 200-op
+graph in at most 100 ms on one core).  This benchmark measures both for a
+grid of ``(K, R)``:
+
+* **quality** on the validation split (every validation graph x machine,
+  the analytic model): the plan's makespan over the best hint heuristic's,
+  geometric mean and worst pair.  Validation, because this choice is a
+  selection: quoting it on the test split would select on test data;
+* **planning time** on the 200-op cases of
+  :mod:`opsched.benchmarks.plan_speed` (3 synthetic families x 4 presets),
+  pinned to one core with BLAS on one thread: median CPU milliseconds of
+  ``policy.plan`` on a fresh graph copy, the hint heuristics included
+  (their cache cleared before each plan), after a warm-up.
+
+    python -m opsched.benchmarks.plan_search          # -> runs/bench/plan_search.{json,md}
+    python -m opsched.benchmarks.plan_search --quick  # 3 configurations, 2 repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import opsched.benchmarks.harness as H
+from opsched.timing import geomean, host_record
+
+#: The (K samples, R refine steps) grid; the first is the shipped default before issue 23.
+GRID: tuple[tuple[int, int], ...] = ((1, 40), (0, 40), (0, 60), (0, 80), (0, 100), (1, 60), (2, 40))
+TIME_FAMILIES = ("layered", "erdos_renyi", "watts_strogatz")
+TIME_MACHINES = ("xeon-8180-2s", "knl-68", "dgx1-4v100", "local")
+TARGET_MS, TARGET_OPS = 100.0, 200
+
+
+def validation_pairs() -> list[tuple[str, str]]:
+    """(graph spec, machine spec): every validation graph on every validation machine."""
+    from opsched.agents import splits
+
+    return [(g, m) for g in splits.VALIDATION_GRAPHS for m in splits.VALIDATION_MACHINES]
+
+
+def quality(policy: Any, grid: Sequence[tuple[int, int]], pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """Per configuration, the plans' makespans over the best hint heuristic's
+    (geometric mean, worst, and per pair), under the analytic model."""
+    from opsched.engine.sim import Simulator
+    from opsched.policies.hints import heuristic_plans
+    from opsched.specs import load_graph, load_machine
+
+    ratios: dict[str, list[float]] = {f"{k},{r}": [] for k, r in grid}
+    for gspec, mspec in pairs:
+        graph, machine = load_graph(gspec), load_machine(mspec)
+        best = min(span for _, span in heuristic_plans(graph, machine, None, policy.hints).values())
+        sim = Simulator(machine)
+        for k, r in grid:
+            plan = policy.plan(graph, machine, samples=k, refine=r)
+            ratios[f"{k},{r}"].append(float(sim.run(graph, plan).makespan) / best)
+    return {key: {"gmean": geomean(v), "worst": max(v), "ratios": v} for key, v in ratios.items()}
+
+
+def planning_ms(policy: Any, grid: Sequence[tuple[int, int]], repeats: int) -> dict[str, Any]:
+    """Per configuration, median CPU ms of planning each 200-op case, and the
+    median and worst over the cases."""
+    from opsched.graph import OpGraph
+    from opsched.machine import get_machine
+    from opsched.policies.hints import clear_cache
+    from opsched.synthetic import generate
+    from opsched.timing import clocked, summary
+
+    cases = [(fam, m) for fam in TIME_FAMILIES for m in TIME_MACHINES]
+    out: dict[str, Any] = {}
+    for k, r in grid:
+        per_case = []
+        for fam, mname in cases:
+            data = generate(fam, TARGET_OPS, 1000 + TARGET_OPS).to_dict()
+            machine = get_machine(mname)
+            def fresh(d: dict = data) -> OpGraph:
+                clear_cache()  # the hint heuristics are part of planning a graph the first time
+                return OpGraph.from_dict(d)
+
+            runs = clocked(lambda g, m=machine, k=k, r=r: policy.plan(g, m, samples=k, refine=r), repeats,
+                           warmup=1, setup=fresh)
+            per_case.append(summary(runs.cpu_s)["median"] * 1e3)
+        out[f"{k},{r}"] = {"median_ms": statistics.median(per_case), "worst_ms": max(per_case), "cases": per_case}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from opsched.benchmarks.harness import doc_summary
+    from opsched.policies import load
+    from opsched.policies.exported import pretrained_path
+
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.plan_search",
+                                 description=doc_summary(__doc__, paragraph=True))
+    ap.add_argument("--policy", default=None, help="exported policy folder (default: the shipped pretrained one)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed plans per 200-op case and configuration")
+    ap.add_argument("--quick", action="store_true", help="3 configurations, 2 repeats, 6 validation pairs")
+    ap.add_argument("--out", default=str(H.DEFAULT_OUT), help="output folder")
+    args = ap.parse_args(argv)
+    grid = GRID[:3] if args.quick else GRID
+    repeats = 2 if args.quick else args.repeats
+    pinned = H.pin_one_core()
+    folder = Path(args.policy) if args.policy else pretrained_path()
+    policy = load(folder)
+    pairs = validation_pairs()[:6] if args.quick else validation_pairs()
+    load0 = host_record()["loadavg"]
+    from opsched.policies.exported import _one_blas_thread
+
+    with _one_blas_thread():
+        q = quality(policy, grid, pairs)
+        t = planning_ms(policy, grid, repeats)
+    current = policy.planning()
+    result = {"benchmark": "plan_search", "policy": str(folder), "pairs": len(pairs), "repeats": repeats,
+              "pinning": pinned, "host": host_record(), "load_before": load0,
+              "default": {"samples": current["samples"], "refine": current["refine"]},
+              "configs": {key: {**q[key], **t[key]} for key in q}}
+    lines = ["# Plan-time search of the exported scheduler, chosen on validation", "",
+             f"Policy `{folder}`; quality on {len(pairs)} validation pairs (analytic model, makespan over the "
+             f"best hint heuristic's); planning time: median CPU ms over the {len(t[next(iter(t))]['cases'])} "
+             f"{TARGET_OPS}-op cases of plan_speed ({pinned}, BLAS 1 thread, {repeats} plans each). "
+             f"Load average before / after: {', '.join(f'{x:.1f}' for x in load0 or ())} / "
+             f"{', '.join(f'{x:.1f}' for x in result['host']['loadavg'] or ())}. The policy's default: "
+             f"K = {current['samples']}, R = {current['refine']}.", "",
+             "| K samples | R refine | validation geo-mean | worst | 200-op median ms | worst ms |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for key, c in result["configs"].items():
+        k, r = key.split(",")
+        lines.append(f"| {k} | {r} | {c['gmean']:.4f} | {c['worst']:.3f} | {c['median_ms']:.1f} | "
+                     f"{c['worst_ms']:.1f} |")
+    lines += ["", f"Target: a {TARGET_OPS}-op graph in at most {TARGET_MS:g} ms (median case).", "",
+              "Command: `python -m opsched.benchmarks.plan_search" + (" --quick" if args.quick else "") + "`", ""]
+    H.save_result(Path(args.out), "plan_search", result, "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
