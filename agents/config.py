@@ -35,7 +35,7 @@ HYPERPARAM_TYPES: dict[str, type] = {
     "imitation_dagger": bool,
     "iteration_rounds": int, "iteration_pairs": int, "iteration_samples": int, "iteration_temperature": float,
     "iteration_budget": int, "iteration_steps": int, "iteration_lr": float, "iteration_episodes": int,
-    "teacher": str, "teacher_steps": int, "rl_pairs": str, "rl_shaping": bool, "rl_margin": float,
+    "teacher": str, "teacher_steps": int, "teacher_cpsat_s": float, "rl_pairs": str, "rl_shaping": bool, "rl_margin": float,
 }
 #: What the warm start imitates: the best known plan (opsched.agents.teachers) or the best hint heuristic.
 TEACHERS = ("best-known", "heuristic")

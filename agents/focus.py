@@ -37,10 +37,12 @@ class FocusPairs(gym.Wrapper):
     rewards against the pair's teacher (see the module docstring).  Without
     pairs set it passes the env through unchanged."""
 
-    def __init__(self, env: gym.Env, shaping: bool = False, teacher_steps: int = 400, seed: int = 0) -> None:
+    def __init__(self, env: gym.Env, shaping: bool = False, teacher_steps: int = 400, seed: int = 0,
+                 teacher_cpsat_s: float = 0.0) -> None:
         super().__init__(env)
         self.shaping = bool(shaping)
         self.teacher_steps, self.teacher_seed = int(teacher_steps), int(seed)
+        self.teacher_cpsat_s = float(teacher_cpsat_s)
         self.pairs: list[tuple[int, int]] = []
         self.weights = np.zeros(0)
         self._bonus = 0.0
@@ -68,7 +70,8 @@ class FocusPairs(gym.Wrapper):
             from opsched.agents.teachers import teacher
 
             data = env.episode_data
-            span = teacher(data, env.model, self.teacher_steps, self.teacher_seed).plan.makespan
+            span = teacher(data, env.model, self.teacher_steps, self.teacher_seed,
+                           cpsat_s=self.teacher_cpsat_s).plan.makespan
             self._bonus = float(span) / float(data.reference)
         return obs, info
 

@@ -211,12 +211,13 @@ def _teacher_fn(cfg: TrainConfig, graphs: list, machines: list, taught: set[tupl
     gi = {id(g): i for i, g in enumerate(graphs)}
     mi = {id(m): i for i, m in enumerate(machines)}
     steps = int(cfg.ppo.get("teacher_steps", 400))
+    cpsat_s = float(cfg.ppo.get("teacher_cpsat_s", 0.0))
 
     def teach(env: Any) -> Any:
         data = env.unwrapped.episode_data
         if id(data.graph) in gi and id(data.machine) in mi:
             taught.add((gi[id(data.graph)], mi[id(data.machine)]))
-        return teacher_for_env(env, steps, cfg.seed)
+        return teacher_for_env(env, steps, cfg.seed, cpsat_s)
 
     return teach
 
@@ -401,13 +402,15 @@ def _rl_pairs(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: list
     env = warm_start_env(cfg, graphs, machines)
     encoder = numpy_encoder(model.policy)
     steps = int(cfg.ppo.get("teacher_steps", 400))
+    cpsat_s = float(cfg.ppo.get("teacher_cpsat_s", 0.0))
     ratios = []
     try:
         for g, m in taught:
             env.reset(options={"graph": graphs[g], "machine": machines[m]})
             data = env.unwrapped.episode_data
             student = from_episode(decode_episode(encoder, data)[0]).makespan
-            ratios.append(float(student / teacher(data, env.unwrapped.model, steps, cfg.seed).plan.makespan))
+            ratios.append(float(student / teacher(data, env.unwrapped.model, steps, cfg.seed,
+                                                  cpsat_s=cpsat_s).plan.makespan))
     finally:
         env.close()
     ones = [1.0] * len(taught)

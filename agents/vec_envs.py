@@ -54,7 +54,8 @@ def _focus_args(cfg: Any) -> dict[str, Any] | None:
     if not focuses(cfg):
         return None
     return {"shaping": bool(cfg.ppo.get("rl_shaping", False)),
-            "teacher_steps": int(cfg.ppo.get("teacher_steps", 400)), "seed": cfg.seed}
+            "teacher_steps": int(cfg.ppo.get("teacher_steps", 400)), "seed": cfg.seed,
+            "teacher_cpsat_s": float(cfg.ppo.get("teacher_cpsat_s", 0.0))}
 
 
 def warm_start_env(cfg: Any, graphs: list, machines: list) -> Any:

@@ -202,3 +202,27 @@ def test_cpsat_refuses_big_graphs_and_missing_ortools(monkeypatch):
     monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
     with pytest.raises(OpschedError, match="OR-Tools"):
         cpsat_schedule(g, m, time_limit_s=1)
+
+
+def test_one_solver_process_serves_many_problems_and_restarts_after_a_crash():
+    """CpSatServer: the same answers as a process per problem, through one
+    process; a killed solver process is started again on the next call."""
+    pytest.importorskip("ortools")
+    from opsched.engine.bounds import CpSatServer, cpsat_schedule
+    from opsched.synthetic import generate
+
+    server = CpSatServer()
+    try:
+        for seed in (1, 2):
+            g, m = generate("layered", 6, seed), get_machine("cpu:4:50:30")
+            mine = cpsat_schedule(g, m, time_limit_s=5, solver=server)
+            alone = cpsat_schedule(g, m, time_limit_s=5)
+            assert mine.optimal and alone.optimal and mine.cp_makespan_s == alone.cp_makespan_s
+        first = server._proc
+        first.kill()
+        first.wait()
+        again = cpsat_schedule(generate("layered", 6, 3), get_machine("cpu:4:50:30"), time_limit_s=5, solver=server)
+        assert again.optimal and server._proc is not first
+    finally:
+        server.close()
+    assert server._proc is None

@@ -369,71 +369,86 @@ class CpSatResult:
 _SOLVER_CHILD = r"""
 import json, sys
 from ortools.sat.python import cp_model
-P = json.load(sys.stdin)
-n, nd, H = P["n"], P["nd"], P["horizon"]
-m = cp_model.CpModel()
-start = [m.NewIntVar(0, H, f"s{i}") for i in range(n)]
-end = [m.NewIntVar(0, H, f"e{i}") for i in range(n)]
-lits, on_dev = [], []
-per_dev = [([], []) for _ in range(nd)]
-occ = [[] for _ in range(nd)]
-for i, ms in enumerate(P["modes"]):
-    ls = [m.NewBoolVar(f"m{i}_{k}") for k in range(len(ms))]
-    m.AddExactlyOne(ls)
-    lits.append(ls)
-    for k, (d, thr, du) in enumerate(ms):
-        iv = m.NewOptionalIntervalVar(start[i], du, end[i], ls[k], f"iv{i}_{k}")
-        per_dev[d][0].append(iv)
-        per_dev[d][1].append(thr)
-        w = P["occupancy"][i][k]
-        if w > 0:
-            occ[d].append((ls[k], w))
-    devs = []
+
+
+def solve(P, limit, workers, seed, deterministic):
+    n, nd, H = P["n"], P["nd"], P["horizon"]
+    m = cp_model.CpModel()
+    start = [m.NewIntVar(0, H, f"s{i}") for i in range(n)]
+    end = [m.NewIntVar(0, H, f"e{i}") for i in range(n)]
+    lits, on_dev = [], []
+    per_dev = [([], []) for _ in range(nd)]
+    occ = [[] for _ in range(nd)]
+    for i, ms in enumerate(P["modes"]):
+        ls = [m.NewBoolVar(f"m{i}_{k}") for k in range(len(ms))]
+        m.AddExactlyOne(ls)
+        lits.append(ls)
+        for k, (d, thr, du) in enumerate(ms):
+            iv = m.NewOptionalIntervalVar(start[i], du, end[i], ls[k], f"iv{i}_{k}")
+            per_dev[d][0].append(iv)
+            per_dev[d][1].append(thr)
+            w = P["occupancy"][i][k]
+            if w > 0:
+                occ[d].append((ls[k], w))
+        devs = []
+        for d in range(nd):
+            mine = [ls[k] for k, (dd, _, _) in enumerate(ms) if dd == d]
+            if not mine:
+                devs.append(None)
+            elif len(mine) == 1:
+                devs.append(mine[0])
+            else:
+                v = m.NewBoolVar(f"d{i}_{d}")
+                m.Add(sum(mine) == v)
+                devs.append(v)
+        on_dev.append(devs)
     for d in range(nd):
-        mine = [ls[k] for k, (dd, _, _) in enumerate(ms) if dd == d]
-        if not mine:
-            devs.append(None)
-        elif len(mine) == 1:
-            devs.append(mine[0])
-        else:
-            v = m.NewBoolVar(f"d{i}_{d}")
-            m.Add(sum(mine) == v)
-            devs.append(v)
-    on_dev.append(devs)
-for d in range(nd):
-    if per_dev[d][0]:
-        m.AddCumulative(per_dev[d][0], per_dev[d][1], P["caps"][d])
-span = m.NewIntVar(0, H, "makespan")
-for d in range(nd):
-    if occ[d]:
-        m.Add(sum(w * lit for lit, w in occ[d]) <= 1000 * span)
-for j, i in P["edges"]:
-    m.Add(start[i] >= end[j])
-for j, i, a, b, c in P["xfer"]:
-    if on_dev[j][a] is not None and on_dev[i][b] is not None:
-        m.Add(start[i] >= end[j] + c).OnlyEnforceIf([on_dev[j][a], on_dev[i][b]])
-for i in P["sinks"]:
-    m.Add(span >= end[i])
-if P["lower"] > 0:
-    m.Add(span >= P["lower"])
-m.Minimize(span)
-for i, k, t in P["hint"] or []:
-    for kk, lit in enumerate(lits[i]):
-        m.AddHint(lit, kk == k)
-    m.AddHint(start[i], t)
-s = cp_model.CpSolver()
-s.parameters.max_time_in_seconds = float(sys.argv[1])
-s.parameters.num_workers = int(sys.argv[2])
-s.parameters.random_seed = int(sys.argv[3])
-status = s.Solve(m)
-ok = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-out = {"status": s.StatusName(status), "objective": s.ObjectiveValue() if ok else None,
-       "bound": s.BestObjectiveBound()}
-if ok:
-    out["mode"] = [next(k for k, lit in enumerate(ls) if s.Value(lit)) for ls in lits]
-    out["start"] = [s.Value(v) for v in start]
-    out["end"] = [s.Value(v) for v in end]
-json.dump(out, sys.stdout)
+        if per_dev[d][0]:
+            m.AddCumulative(per_dev[d][0], per_dev[d][1], P["caps"][d])
+    span = m.NewIntVar(0, H, "makespan")
+    for d in range(nd):
+        if occ[d]:
+            m.Add(sum(w * lit for lit, w in occ[d]) <= 1000 * span)
+    for j, i in P["edges"]:
+        m.Add(start[i] >= end[j])
+    for j, i, a, b, c in P["xfer"]:
+        if on_dev[j][a] is not None and on_dev[i][b] is not None:
+            m.Add(start[i] >= end[j] + c).OnlyEnforceIf([on_dev[j][a], on_dev[i][b]])
+    for i in P["sinks"]:
+        m.Add(span >= end[i])
+    if P["lower"] > 0:
+        m.Add(span >= P["lower"])
+    m.Minimize(span)
+    for i, k, t in P["hint"] or []:
+        for kk, lit in enumerate(lits[i]):
+            m.AddHint(lit, kk == k)
+        m.AddHint(start[i], t)
+    s = cp_model.CpSolver()
+    s.parameters.max_time_in_seconds = limit
+    if deterministic > 0:
+        s.parameters.max_deterministic_time = deterministic
+    s.parameters.num_workers = workers
+    s.parameters.random_seed = seed
+    status = s.Solve(m)
+    ok = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    out = {"status": s.StatusName(status), "objective": s.ObjectiveValue() if ok else None,
+           "bound": s.BestObjectiveBound()}
+    if ok:
+        out["mode"] = [next(k for k, lit in enumerate(ls) if s.Value(lit)) for ls in lits]
+        out["start"] = [s.Value(v) for v in start]
+        out["end"] = [s.Value(v) for v in end]
+    return out
+
+
+if sys.argv[1] == "serve":  # one problem per line, one answer per line (CpSatServer)
+    for line in sys.stdin:
+        if line.strip():
+            R = json.loads(line)
+            print(json.dumps(solve(R["problem"], R["limit"], R["workers"], R["seed"], R["deterministic"])),
+                  flush=True)
+else:
+    json.dump(solve(json.load(sys.stdin), float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), 0.0),
+              sys.stdout)
 """
 
 
@@ -457,9 +472,69 @@ def solve_isolated(problem: dict[str, Any], time_limit_s: float, workers: int = 
     return json.loads(proc.stdout)
 
 
+class CpSatServer:
+    """One long-lived solver process (:func:`solve_isolated`'s child, in
+    "serve" mode) for many small problems: the training teacher
+    (:mod:`opsched.agents.teachers`) solves hundreds of graphs of a few dozen
+    ops, where starting Python and importing OR-Tools for each would cost
+    more than the solve.  ``deterministic_s``: CP-SAT's deterministic time
+    limit per problem (its work counter, not the clock: the same answer on a
+    busy machine and a quiet one, so a cached teacher is reproducible); the
+    wall-clock ``time_limit_s`` of each call stays as a safety cap.  Call it as
+    :func:`cpsat_schedule`'s ``solver``."""
+
+    def __init__(self, deterministic_s: float = 0.0) -> None:
+        self.deterministic_s = float(deterministic_s)
+        self._proc: Any = None
+        self._err: Any = None
+
+    def __call__(self, problem: dict[str, Any], time_limit_s: float, workers: int = 1,
+                 seed: int = 0) -> dict[str, Any]:
+        import json
+        import subprocess
+        import sys
+
+        if self._proc is None or self._proc.poll() is not None:
+            import tempfile
+
+            # stderr to a file (a pipe nobody reads could fill and block the solver); its own session:
+            # Ctrl-C reaches the caller, which stops it (close, or its stdin closing when the caller exits)
+            self._err = tempfile.TemporaryFile(mode="w+")
+            self._proc = subprocess.Popen([sys.executable, "-c", _SOLVER_CHILD, "serve"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=self._err, text=True,
+                                          start_new_session=True)
+        proc = self._proc
+        request = {"problem": problem, "limit": float(time_limit_s), "workers": int(workers), "seed": int(seed),
+                   "deterministic": self.deterministic_s}
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            self.close()
+            self._err.seek(0)
+            err = self._err.read()
+            raise OpschedError(f"CP-SAT's solver process failed (exit {proc.returncode}): {err.strip()[-500:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """Stop the solver process (a later call starts a new one)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+
 def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = None,
                    time_limit_s: float = 10.0, *, hint: Plan | None = None, lower_bound: float = 0.0,
-                   workers: int = 1, seed: int = 0, resolution: int = 20000, max_ops: int = 400) -> CpSatResult:
+                   workers: int = 1, seed: int = 0, resolution: int = 20000, max_ops: int = 400,
+                   solver: Any = None) -> CpSatResult:
     """Schedule ``graph`` on ``machine`` with CP-SAT for at most ``time_limit_s`` seconds.
 
     The problem: per op exactly one mode (device, thread level) with its alone
@@ -475,7 +550,9 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
     optimal; still valid, since the makespan variable is only bounded below
     by the ends (a real schedule maps to a point with makespan = its own).  ``workers``: CP-SAT's
     search threads (1 by default: a deterministic run).  Graphs of more than
-    ``max_ops`` ops raise :class:`~opsched.errors.OpschedError`."""
+    ``max_ops`` ops raise :class:`~opsched.errors.OpschedError`.  ``solver``:
+    what solves the JSON problem (default :func:`solve_isolated`, a process
+    per call; a :class:`CpSatServer` keeps one)."""
     require_ortools()  # a clear error here, not in the solver process (importing it next to TF is safe)
     t0 = time.perf_counter()
     s = prepare(graph, machine, model)
@@ -511,7 +588,7 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
         "lower": min(horizon, int(math.floor(lower_bound / unit))) if lower_bound > 0 else 0,
         "hint": _hint(s, hint, modes, unit) if hint is not None else None,
     }
-    res = solve_isolated(problem, time_limit_s, workers, seed)
+    res = (solve_isolated if solver is None else solver)(problem, time_limit_s, workers, seed)
     name = res["status"]
     bound = max(old, float(res["bound"]) * unit) if name in ("OPTIMAL", "FEASIBLE", "UNKNOWN") else old
     if name not in ("OPTIMAL", "FEASIBLE"):
@@ -592,5 +669,5 @@ def incumbent_plans(graph: OpGraph, machine: Machine, s: SimStatic, chosen: Sequ
     return out
 
 
-__all__ = ["LP_SAFETY", "THREAD_COUNTS", "Allocation", "AllocationLP", "CpSatResult", "allocation_lp",
+__all__ = ["LP_SAFETY", "THREAD_COUNTS", "Allocation", "AllocationLP", "CpSatResult", "CpSatServer", "allocation_lp",
            "allocation_lp_bound", "allocations", "cpsat_schedule", "incumbent_plans", "require_ortools"]
