@@ -56,7 +56,8 @@ from opsched.engine.slots import SlotPlan, best_of, from_plan, makespan, to_plan
 from opsched.lru import IdentityLRU
 
 #: Bump when the teacher's recipe changes: older cache entries are then ignored.
-TEACHER_VERSION = 1
+#: 2: coarse groups are projected by where the plan spends their time as well (engine/slots.from_plan).
+TEACHER_VERSION = 2
 #: Local-search simulations per pair (the ``teacher_steps`` hyperparameter's default).
 DEFAULT_STEPS = 400
 #: The largest graphs (ops) CP-SAT refines a teacher of: its model grows with ops x modes, and past a

@@ -292,3 +292,19 @@ def test_a_failing_solver_keeps_the_local_search_teacher(monkeypatch):
     without = T.teacher(data, steps=50, cache=False)
     assert with_stage.plan.makespan == without.plan.makespan and "cpsat" not in with_stage.source
     assert not with_stage.complete and without.complete  # a failed stage is not cached: a later run retries
+
+
+@pytest.mark.parametrize("machine", ["dgx1-4v100", "4xa6000"])
+def test_a_coarse_projection_is_the_faster_of_leading_member_and_time_share(machine):
+    """On a coarsened graph a heuristic's plan projects onto the slots as the
+    faster of the two projections, so the hint the policy reads is never the
+    worse one (the leading member's device alone lost 16x on a training step)."""
+    from opsched.engine.slots import _project
+
+    g, m = generate("layered", 400, 11), get_machine(machine)
+    data = prepare_episode(g, m, None, 64, 256)
+    assert not data.coarsening.identity
+    plan = get_policy("heft").plan(g, m)
+    chosen = from_plan(data, plan, "heft")
+    lead, spent = (_project(data, plan, "heft", by_time=b) for b in (False, True))
+    assert chosen.makespan == min(makespan(data, lead), makespan(data, spent))
