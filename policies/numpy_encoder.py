@@ -137,10 +137,12 @@ class NumpyEncoder:
         return logits, value
 
     def episode(self, node_static: np.ndarray, edge_index: np.ndarray, edge_mask: np.ndarray,
-                node_mask: np.ndarray, node_levels: np.ndarray | None = None) -> EncoderEpisode:
+                node_mask: np.ndarray, node_levels: np.ndarray | None = None,
+                prior_scale: float = 1.0) -> EncoderEpisode:
         """Precompute the static part of one episode (see :class:`EncoderEpisode`);
-        ``node_levels`` is required by an encoder that reads it."""
-        return EncoderEpisode(self, node_static, edge_index, edge_mask, node_mask, node_levels)
+        ``node_levels`` is required by an encoder that reads it.  ``prior_scale``
+        multiplies the hint prior's logit bonuses (1: the trained network as it is)."""
+        return EncoderEpisode(self, node_static, edge_index, edge_mask, node_mask, node_levels, prior_scale)
 
 
 class EncoderEpisode:
@@ -170,7 +172,8 @@ class EncoderEpisode:
     REFRESH = 32
 
     def __init__(self, enc: NumpyEncoder, node_static: np.ndarray, edge_index: np.ndarray,
-                 edge_mask: np.ndarray, node_mask: np.ndarray, node_levels: np.ndarray | None = None) -> None:
+                 edge_mask: np.ndarray, node_mask: np.ndarray, node_levels: np.ndarray | None = None,
+                 prior_scale: float = 1.0) -> None:
         self.enc = enc
         node_mask = np.asarray(node_mask, np.float32)
         n = int(np.count_nonzero(node_mask))
@@ -180,10 +183,12 @@ class EncoderEpisode:
         N = node_mask.shape[0]
         x_static = np.asarray(node_static, np.float32)[:n]
         self.pre = x_static @ enc.w_in_static + enc.b_in  # (n, H): static share of the input layer
-        self.prior = prior(x_static, enc.hint_prior)  # (n, PER_SLOT): the heuristic's plan as a logit bonus
+        # (n, PER_SLOT): the heuristic's plan as a logit bonus
+        self.prior = prior(x_static, enc.hint_prior) if prior_scale == 1.0 else \
+            prior(x_static, enc.hint_prior * np.float32(prior_scale))
         self.static = x_static
         self.gate = EpisodeHintGate(x_static)
-        self.wait_prior = float(enc.hint_prior[2]) if hint_columns(x_static)[1].any() else 0.0
+        self.wait_prior = float(enc.hint_prior[2]) * float(prior_scale) if hint_columns(x_static)[1].any() else 0.0
         if enc.levels:  # node_levels is static within an episode too
             if node_levels is None:
                 raise ValueError(f"this encoder reads {LEVEL_KEY} ({enc.levels} columns); none given")
