@@ -127,3 +127,20 @@ def test_an_export_without_the_entry_plans_with_the_hint(tmp_path, monkeypatch):
     write("no")
     with pytest.raises(PolicyError, match=f"{HINT_PLAN_KEY} must be true or false"):
         load(folder)
+
+
+def test_cluster_and_profiled_workers_build_their_envs_without_the_hint():
+    """A Ray worker's env spec carries the setting (and a default spec is what it was before); the
+    profiled machines' envs take it too."""
+    from opsched.agents.profiled import make_profiled_env
+    from opsched.agents.ray_vec_env import build_envs, env_spec
+
+    g, m = generate("layered", 24, 5), get_machine("dgx1-4v100")
+    assert "hint_plan" not in env_spec([g], [m], 32)
+    spec = json.loads(json.dumps(env_spec([g], [m], 32, hint_plan=False)))  # as it crosses the wire
+    (worker,) = build_envs(spec, 1)
+    assert worker.unwrapped.hint_plan is False and _hint_seen(worker.unwrapped) == (0.0, 0.0)
+    (default,) = build_envs(json.loads(json.dumps(env_spec([g], [m], 32))), 1)
+    assert default.unwrapped.hint_plan is True
+    profiled = make_profiled_env([g], [m], 32, {m.fingerprint(): None}, hint_plan=False)
+    assert all(e.hint_plan is False for e in profiled.envs) and _hint_seen(profiled.envs[0]) == (0.0, 0.0)
