@@ -44,22 +44,25 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def make_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, model: Any = None,
-             backend: str = "sim") -> Any:
-    """A ScheduleEnv over ``graphs`` x ``machines`` (each reset samples a pair)."""
+             backend: str = "sim", hint_plan: bool = True) -> Any:
+    """A ScheduleEnv over ``graphs`` x ``machines`` (each reset samples a pair);
+    ``hint_plan``: the best heuristic's plan in the observation (the run's ``hint_observation``)."""
     from opsched.envs.schedule_env import ScheduleEnv
 
-    kwargs: dict[str, Any] = dict(graphs=list(graphs), machine=list(machines), max_nodes=max_nodes, model=model)
+    kwargs: dict[str, Any] = dict(graphs=list(graphs), machine=list(machines), max_nodes=max_nodes, model=model,
+                                  hint_plan=hint_plan)
     if backend != "sim":
         kwargs["backend"] = backend
     return ScheduleEnv(**kwargs)
 
 
 def _worker_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, model: Any, backend: str,
-                subprocess_worker: bool, parent_pid: int, focus: dict[str, Any] | None = None) -> Monitor:
+                subprocess_worker: bool, parent_pid: int, focus: dict[str, Any] | None = None,
+                hint_plan: bool = True) -> Monitor:
     if subprocess_worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent(parent_pid)
-    env = make_env(graphs, machines, max_nodes, model, backend)
+    env = make_env(graphs, machines, max_nodes, model, backend, hint_plan)
     if focus is not None:  # the RL phase's pairs and teacher-relative return (opsched.agents.focus)
         from opsched.agents.focus import FocusPairs
 
@@ -68,7 +71,8 @@ def _worker_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, 
 
 
 def make_vec_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, n_envs: int,
-                 model: Any = None, backend: str = "sim", focus: dict[str, Any] | None = None) -> VecEnv:
+                 model: Any = None, backend: str = "sim", focus: dict[str, Any] | None = None,
+                 hint_plan: bool = True) -> VecEnv:
     """``n_envs`` monitored ScheduleEnvs; subprocesses when ``n_envs > 1`` in the simulator.
     ``focus``: wrap each in :class:`~opsched.agents.focus.FocusPairs` with these arguments.
 
@@ -77,7 +81,7 @@ def make_vec_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int,
     torch themselves (the env is numpy-only in the simulator)."""
     subproc = n_envs > 1 and backend == "sim"
     fns: list[Callable[[], gym.Env]] = [
-        partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid(), focus)
+        partial(_worker_env, graphs, machines, max_nodes, model, backend, subproc, os.getpid(), focus, hint_plan)
         for _ in range(n_envs)]
     if not subproc:
         return DummyVecEnv(fns)

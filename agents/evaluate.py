@@ -108,8 +108,8 @@ class ValidationEvaluator:
         if not _fill_known(self.pairs, config.baselines, known):
             baseline_makespans(self.pairs, config.baselines, model)
         self.model = model
-        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model)
-                     for p in self.pairs]
+        self.envs = [make_env([p.graph], [p.machine], config.max_nodes, model=model,
+                              hint_plan=getattr(config, "hint_observation", True)) for p in self.pairs]
 
     def evaluate(self, act: Callable[[dict, np.ndarray], int],
                  should_stop: Callable[[], bool] = lambda: False) -> EvalResult | None:

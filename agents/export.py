@@ -30,14 +30,15 @@ DEFAULT_WHICH = "best"
 
 def export_policy(policy: Any, out_dir: str | Path, *, machines: list[str] | None = None,
                   gpus: bool | None = None, source: dict[str, Any] | None = None,
-                  max_graph_ops: int | None = None, verify: bool = True) -> Path:
+                  max_graph_ops: int | None = None, verify: bool = True, hint_plan: bool = True) -> Path:
     """Write ``policy`` (a ``GraphPolicy`` or a ``MaskablePPO`` holding one) to
     ``out_dir`` as an exported policy folder and return the folder.
 
     ``machines``: the machine specs it was trained on (recorded; with ``gpus``
     None, whether any of them has a GPU decides if the policy may place ops on
     GPUs).  ``verify``: load the folder back and check the numpy logits against
-    the torch policy's on a few observations."""
+    the torch policy's on a few observations.  ``hint_plan``: the policy was
+    trained with the best heuristic's plan in its observation (``hint_observation``)."""
     from opsched.policies.exported import write_policy
 
     pol = getattr(policy, "policy", policy)
@@ -49,7 +50,7 @@ def export_policy(policy: Any, out_dir: str | Path, *, machines: list[str] | Non
         gpus = _any_gpu(machines) if machines else True  # unknown machines: do not refuse GPUs
     out = write_policy(out_dir, arrays, hidden=int(encoder.hidden), rounds=int(encoder.rounds),
                        max_nodes=int(encoder.n_nodes), max_edges=int(encoder.n_edges), machines=machines,
-                       gpus=gpus, max_graph_ops=max_graph_ops, source=source)
+                       gpus=gpus, max_graph_ops=max_graph_ops, source=source, hint_plan=hint_plan)
     if verify:
         verify_export(pol, out)
     return out
@@ -88,7 +89,8 @@ def export_run(run_dir: str | Path, which: str = DEFAULT_WHICH, out: str | Path 
     if evaluation is not None:
         source["evaluation"] = evaluation  # its validation figures (makespan ratios to the baselines)
     return export_policy(model, out if out is not None else run_dir / "policy",
-                         machines=list(cfg.train_machines), source=source, verify=verify)
+                         machines=list(cfg.train_machines), source=source, verify=verify,
+                         hint_plan=cfg.hint_observation)
 
 
 def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
@@ -104,7 +106,7 @@ def verify_export(policy: Any, folder: str | Path, n_states: int = 8) -> None:
     exported = load(folder)
     encoder = getattr(policy, "encoder", None) or policy.features_extractor
     env = ScheduleEnv(graphs=[generate("layered", 24, 7)], machine=["dgx1-4v100", "xeon-8180-2s"],
-                      max_nodes=exported.max_nodes, max_edges=exported.max_edges)
+                      max_nodes=exported.max_nodes, max_edges=exported.max_edges, hint_plan=exported.hint_plan)
     rng = np.random.default_rng(0)
     worst = 0.0
     for k in range(n_states):

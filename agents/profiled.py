@@ -112,8 +112,8 @@ def models_from_files(files: Mapping[str, str], machines: Sequence[Any], where: 
 
 
 def make_profiled_env(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int,
-                      models: Mapping[str, Any]) -> ProfiledScheduleEnv:
-    return ProfiledScheduleEnv(graphs, machines, max_nodes, models)
+                      models: Mapping[str, Any], hint_plan: bool = True) -> ProfiledScheduleEnv:
+    return ProfiledScheduleEnv(graphs, machines, max_nodes, models, hint_plan)
 
 
 class ProfiledScheduleEnv(gym.Env):
@@ -124,12 +124,13 @@ class ProfiledScheduleEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int,
-                 models: Mapping[str, Any]) -> None:
+                 models: Mapping[str, Any], hint_plan: bool = True) -> None:
         from opsched.agents.environments import make_env
 
         super().__init__()
         self.machines = list(machines)
-        self.envs = [make_env(graphs, [m], max_nodes, model=models[m.fingerprint()]) for m in self.machines]
+        self.envs = [make_env(graphs, [m], max_nodes, model=models[m.fingerprint()], hint_plan=hint_plan)
+                     for m in self.machines]
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.current = self.envs[0]

@@ -59,7 +59,7 @@ _RNG = "__bit_generator_state__"
 # ------------------------------------------------------------------ env spec
 def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, backend: str = "sim",
              graph_specs: Sequence[str] | None = None, model_files: dict[str, str] | None = None,
-             focus: dict[str, Any] | None = None) -> dict[str, Any]:
+             focus: dict[str, Any] | None = None, hint_plan: bool = True) -> dict[str, Any]:
     """What a worker needs to build the driver's environments, as JSON-able data.
 
     In the simulator the graphs travel as graph JSON; a real backend executes
@@ -68,7 +68,8 @@ def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, bac
     profile cache (path -> JSON text) when training on profiled machines
     (:mod:`opsched.agents.profiled`).  ``focus``: the arguments of
     :class:`~opsched.agents.focus.FocusPairs`, which then wraps every env (the
-    RL phase's pairs, set later with ``env_method("set_pairs", ...)``)."""
+    RL phase's pairs, set later with ``env_method("set_pairs", ...)``).  ``hint_plan``: the
+    run's ``hint_observation`` (absent from a spec: True)."""
     spec: dict[str, Any] = {
         "format": ENV_SPEC_FORMAT, "version": 1, "backend": backend, "max_nodes": int(max_nodes),
         "graph_fingerprints": [g.fingerprint() for g in graphs],
@@ -82,6 +83,8 @@ def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, bac
         spec["graph_specs"] = list(graph_specs)
     if model_files:
         spec["model_files"] = dict(model_files)
+    if not hint_plan:
+        spec["hint_plan"] = False
     if focus is not None:
         spec["focus"] = {"shaping": bool(focus.get("shaping", False)),
                          "teacher_steps": int(focus.get("teacher_steps", 400)), "seed": int(focus.get("seed", 0)),
@@ -115,13 +118,14 @@ def build_envs(spec: dict[str, Any], n: int, where: str = "the driver") -> list[
         if m.fingerprint() != fp:
             raise WireError(f"env spec from {where}: machine {m.name!r} does not match its fingerprint")
     max_nodes = int(spec["max_nodes"])
+    hint_plan = spec.get("hint_plan", True) is not False
     if spec.get("model_files"):
         from opsched.agents.profiled import make_profiled_env, models_from_files
 
         models = models_from_files(spec["model_files"], machines, where=where)
-        make = lambda: make_profiled_env(graphs, machines, max_nodes, models)  # noqa: E731
+        make = lambda: make_profiled_env(graphs, machines, max_nodes, models, hint_plan)  # noqa: E731
     else:
-        make = lambda: make_env(graphs, machines, max_nodes, backend=backend)  # noqa: E731
+        make = lambda: make_env(graphs, machines, max_nodes, backend=backend, hint_plan=hint_plan)  # noqa: E731
     focus = spec.get("focus")
     if isinstance(focus, dict):  # the RL phase's pairs (opsched.agents.focus), as the local workers
         from opsched.agents.focus import FocusPairs

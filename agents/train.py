@@ -102,6 +102,7 @@ def _inherit_architecture(cfg: TrainConfig, source: Run) -> TrainConfig:
         cfg.ppo[key] = source.config.ppo[key]
     cfg.max_nodes = source.config.max_nodes
     cfg.level_times = source.config.level_times
+    cfg.hint_observation = source.config.hint_observation
     cfg.ppo["imitation_rounds"] = 0
     return cfg
 

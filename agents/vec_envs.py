@@ -35,8 +35,8 @@ def training_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | No
     if not cfg.cluster:
         if models is None:
             return make_vec_env(graphs, machines, cfg.max_nodes, cfg.n_envs, backend=cfg.backend,
-                                focus=_focus_args(cfg))
-        return _local_profiled(graphs, machines, cfg.max_nodes, cfg.n_envs, models)
+                                focus=_focus_args(cfg), hint_plan=cfg.hint_observation)
+        return _local_profiled(graphs, machines, cfg.max_nodes, cfg.n_envs, models, cfg.hint_observation)
     return ray_vec_env(cfg, graphs, machines, run_path)
 
 
@@ -64,10 +64,10 @@ def warm_start_env(cfg: Any, graphs: list, machines: list) -> Any:
 
     models = _models(cfg, machines)
     if models is None:
-        return make_env(graphs, machines, cfg.max_nodes, backend="sim")
+        return make_env(graphs, machines, cfg.max_nodes, backend="sim", hint_plan=cfg.hint_observation)
     from opsched.agents.profiled import make_profiled_env
 
-    return make_profiled_env(graphs, machines, cfg.max_nodes, models)
+    return make_profiled_env(graphs, machines, cfg.max_nodes, models, cfg.hint_observation)
 
 
 def _models(cfg: Any, machines: list) -> dict[str, Any] | None:
@@ -93,7 +93,7 @@ def ray_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | None = 
 
             files = model_files(machines, cache_dir(cfg.profiles_dir))
         specs: Any = env_spec(graphs, machines, cfg.max_nodes, model_files=files,
-                              focus=None if files else _focus_args(cfg))
+                              focus=None if files else _focus_args(cfg), hint_plan=cfg.hint_observation)
         per, placed = int(cfg.envs_per_worker), None
     else:
         offered = machines_offered(ray)
@@ -105,7 +105,8 @@ def ray_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | None = 
                                "resources)\"`")
         placed = [machines[k % len(machines)].fingerprint() for k in range(cfg.n_envs)]
         specs = [env_spec(graphs, [machines[k % len(machines)]], cfg.max_nodes, backend=cfg.backend,
-                          graph_specs=list(cfg.train_graphs)) for k in range(cfg.n_envs)]
+                          graph_specs=list(cfg.train_graphs), hint_plan=cfg.hint_observation)
+                 for k in range(cfg.n_envs)]
         per = 1  # a measured rollout has its node to itself
 
     def record(env: RayVecEnv) -> None:
@@ -120,7 +121,7 @@ def ray_vec_env(cfg: Any, graphs: list, machines: list, run_path: Path | None = 
 
 
 def _profiled_worker(graphs: list, machines: list, max_nodes: int, models: dict, subprocess_worker: bool,
-                     parent_pid: int) -> Any:
+                     parent_pid: int, hint_plan: bool = True) -> Any:
     from stable_baselines3.common.monitor import Monitor
 
     from opsched.agents.environments import die_with_parent
@@ -129,12 +130,13 @@ def _profiled_worker(graphs: list, machines: list, max_nodes: int, models: dict,
     if subprocess_worker:  # as opsched.agents.environments' workers: Ctrl-C reaches the trainer only
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_parent(parent_pid)
-    return Monitor(make_profiled_env(graphs, machines, max_nodes, models), info_keywords=("makespan",))
+    return Monitor(make_profiled_env(graphs, machines, max_nodes, models, hint_plan), info_keywords=("makespan",))
 
 
-def _local_profiled(graphs: list, machines: list, max_nodes: int, n_envs: int, models: dict) -> VecEnv:
+def _local_profiled(graphs: list, machines: list, max_nodes: int, n_envs: int, models: dict,
+                    hint_plan: bool = True) -> VecEnv:
     subproc = n_envs > 1
-    fns = [partial(_profiled_worker, graphs, machines, max_nodes, models, subproc, os.getpid())
+    fns = [partial(_profiled_worker, graphs, machines, max_nodes, models, subproc, os.getpid(), hint_plan)
            for _ in range(n_envs)]
     if not subproc:
         return DummyVecEnv(fns)

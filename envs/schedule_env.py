@@ -220,6 +220,9 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
       Backend instance (shared, e.g. to reuse TensorFlow worker processes; the
       env does not close it, and ``machine`` defaults to its machine);
       ``real_warmup`` (1), ``real_repeats`` (3), ``reference`` ("sim" / "measured").
+    * ``hint_plan`` (True): the ``hint_*`` columns hold the best hint
+      heuristic's plan; False: they are 0 (a policy that stands on its own,
+      the ``hint_observation`` training setting).
     * ``render_mode``: ``None`` or ``"ansi"`` (a text summary of the state).
 
     ## Version History
@@ -234,7 +237,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     def __init__(self, graphs: GraphSource | None = None, machine: MachineSource | None = None,
                  max_nodes: int = 128, max_edges: int | None = None, model: Any = None, noise: float = 0.0,
                  backend: str | Any = "sim", real_warmup: int = 1, real_repeats: int = 3,
-                 reference: str | None = None, render_mode: str | None = None) -> None:
+                 reference: str | None = None, render_mode: str | None = None, hint_plan: bool = True) -> None:
         super().__init__()
         if not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
             raise ValueError(f"ScheduleEnv: max_nodes must be a positive int, got {max_nodes!r}")
@@ -261,6 +264,7 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         self.layout = ActionLayout(self.max_nodes)
         self._wait = self.layout.wait
         self.model = model
+        self.hint_plan = bool(hint_plan)
         self.noise = float(noise)
         self.backend_name = backend
         self.real_warmup, self.real_repeats = int(real_warmup), int(real_repeats)
@@ -312,7 +316,8 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
         def make() -> EpisodeData:
             from opsched.policies.hints import best_heuristic
 
-            hint = best_heuristic(graph, machine, self.model)[1]  # the observation's hint_* columns
+            # the observation's hint_* columns (all 0 without the hint)
+            hint = best_heuristic(graph, machine, self.model)[1] if self.hint_plan else None
             return prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges, hint)
 
         return self._cache.get_or_make((id(graph), id(machine)), make, graph, machine)

@@ -110,20 +110,24 @@ LEGACY_HINTS: tuple[str, ...] = ("sequential", "tf-default", "tf-recommended", "
                                  "maestro")
 #: The observation entry that names the heuristics whose best plan is the policy's hint.
 HINTS_KEY = "hint_heuristics"
+#: The observation entry that says whether that plan fills the ``hint_*`` columns (absent: true,
+#: as in every export written before it; false: a policy trained with ``hint_observation: false``).
+HINT_PLAN_KEY = "hint_plan"
 
 
-def observation_spec(max_nodes: int, max_edges: int, levels: int = 0) -> dict[str, Any]:
+def observation_spec(max_nodes: int, max_edges: int, levels: int = 0, hint_plan: bool = True) -> dict[str, Any]:
     """The observation layout a policy was trained on (checked at load time).
 
     ``levels``: columns of ``node_levels`` the policy reads (0: none; older
     exports lack the entry and read none).  ``hint_heuristics``: the registry's
     ``hint`` heuristics (:func:`opsched.policies.hints.hint_names`), whose best
-    plan fills the ``hint_*`` columns: another set is another observation."""
+    plan fills the ``hint_*`` columns: another set is another observation.
+    ``hint_plan``: whether it does (false: the columns are 0, the policy stands on its own)."""
     from opsched.policies.hints import hint_names
 
     return {
         "max_nodes": int(max_nodes), "max_edges": int(max_edges), LEVEL_KEY: int(levels),
-        HINTS_KEY: list(hint_names()),
+        HINTS_KEY: list(hint_names()), HINT_PLAN_KEY: bool(hint_plan),
         "max_devices": MAX_DEVICES, "max_levels": MAX_LEVELS,
         "static_features": list(STATIC_FEATURES), "dynamic_features": list(DYNAMIC_FEATURES),
         "hardware_features": list(HARDWARE_FEATURES), "global_features": list(GLOBAL_FEATURES),
@@ -171,7 +175,8 @@ def meta_digest(meta: Mapping[str, Any]) -> str:
 def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidden: int, rounds: int,
                  max_nodes: int, max_edges: int | None = None, machines: list[str] | None = None,
                  gpus: bool = True, max_graph_ops: int | None = None,
-                 source: Mapping[str, Any] | None = None, levels: int | None = None) -> Path:
+                 source: Mapping[str, Any] | None = None, levels: int | None = None,
+                 hint_plan: bool = True) -> Path:
     """Write ``out_dir/weights.npz`` and ``out_dir/policy.json`` (atomically,
     the JSON last: it names the arrays' hashes, so a crash in between leaves a
     folder that :func:`load` rejects, never a silently mixed one).
@@ -181,7 +186,8 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
     ``gpus``: whether the policy was trained on machines with GPUs (if not, it
     refuses to place ops on one).  ``levels``: the ``node_levels`` columns
     the encoder reads (0 or ``MAX_LEVELS``; default: what the input layer's
-    width says).  Returns ``out_dir``."""
+    width says).  ``hint_plan``: the best hint heuristic's plan fills the
+    ``hint_*`` columns (the run's ``hint_observation``).  Returns ``out_dir``."""
     out = Path(out_dir)
     max_edges = EDGES_PER_NODE * int(max_nodes) if max_edges is None else int(max_edges)
     if levels is None and "inp.weight" in arrays:
@@ -210,7 +216,7 @@ def write_policy(out_dir: str | Path, arrays: Mapping[str, np.ndarray], *, hidde
         "format_version": FORMAT_VERSION,
         "kind": "graph-encoder",
         "architecture": {"hidden": int(hidden), "rounds": int(rounds)},
-        "observation": observation_spec(max_nodes, max_edges, levels),
+        "observation": observation_spec(max_nodes, max_edges, levels, hint_plan),
         "action": action_spec(max_nodes),
         "thread_levels": THREAD_LEVELS_DOC,
         "machines": {"trained_on": list(machines or []), "gpus": bool(gpus),
@@ -310,6 +316,8 @@ def _read_meta(f: Path) -> dict[str, Any]:
         raise _fail(f, f"made with other hint heuristics: its observation's hint is the best plan of {hints}, "
                        f"this opsched's hint heuristics are {mine[HINTS_KEY]} (the registry's 'hint' role); "
                        "retrain and export the policy with this opsched, or use the opsched it was made with")
+    if type(obs.get(HINT_PLAN_KEY, True)) is not bool:
+        raise _fail(f, f"{HINT_PLAN_KEY} must be true or false, not {obs[HINT_PLAN_KEY]!r}")
     expected = {k: list(v) for k, v in array_shapes(hidden, rounds, levels).items()}
     if shapes != expected:
         diff = sorted(set(shapes) ^ set(expected)) or sorted(k for k in shapes if shapes[k] != expected[k])
@@ -444,6 +452,8 @@ class ExportedPolicy(Policy):
         self.layout = ActionLayout(self.max_nodes)
         #: The heuristics whose best plan is this policy's hint (checked against the registry at load).
         self.hints: tuple[str, ...] = tuple(meta["observation"].get(HINTS_KEY, LEGACY_HINTS))
+        #: Whether their best plan fills the observation's ``hint_*`` columns (else they are 0).
+        self.hint_plan = bool(meta["observation"].get(HINT_PLAN_KEY, True))
         #: Identifies this policy's decisions (for plan caches): its whole description,
         #: which holds the arrays' hashes, its sizes and limits.
         self.digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
@@ -518,9 +528,10 @@ class ExportedPolicy(Policy):
         from opsched.policies.registry import entry
 
         heuristics = heuristic_plans(graph, machine, model, self.hints)  # the hint, and the default candidates
-        hint = min(heuristics, key=lambda k: heuristics[k][1])
+        best = min(heuristics, key=lambda k: heuristics[k][1])
+        hint = heuristics[best][0] if self.hint_plan else None  # None: the hint_* columns are 0, as in training
         try:
-            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges, heuristics[hint][0])
+            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges, hint)
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
         with _one_blas_thread():
