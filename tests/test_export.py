@@ -157,17 +157,23 @@ def test_factored_choices_are_the_mask_and_score_the_same(folder):
     (generate("erdos_renyi", 90, 5), "dgx1-4v100"),      # coarsened, GPUs
     (generate("watts_strogatz", 70, 6), "knl-68"),
 ])
-def test_plan_is_the_env_episode(folder, graph, machine):
-    """Same decisions as the env stepped with the reference forward pass, same Plan."""
+@pytest.mark.parametrize("scale", [1.0, 10.0])
+def test_plan_is_the_env_episode(folder, graph, machine, scale):
+    """Same decisions as the env stepped with the reference forward pass, same
+    Plan; with the plan-time ``prior_scale``, the same as that forward pass with
+    its hint prior scaled."""
     pol = load(folder)
     m = get_machine(machine)
-    plan = pol.plan(graph, m, samples=0, candidates=(), refine=0)  # the policy alone: its greedy decoding
+    # the policy alone: its greedy decoding
+    plan = pol.plan(graph, m, samples=0, candidates=(), refine=0, prior_scale=scale)
     env = _env([graph], [machine])
     obs, _ = env.reset(seed=0)
     done = False
+    reference = load(folder).encoder
+    reference.hint_prior = reference.hint_prior * np.float32(scale)
     while not done:
         valid = np.flatnonzero(env.action_masks())
-        logits, _ = pol.encoder.forward(obs)
+        logits, _ = reference.forward(obs)
         obs, _, done, _, info = env.step(int(valid[greedy(logits[valid])]))
     assert dict(plan.assignments) == dict(info["plan"].assignments)
     plan.validate(graph, m)
