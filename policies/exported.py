@@ -436,6 +436,23 @@ def _one_blas_thread() -> Any:
         return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Any:
+    """Python's cyclic garbage collector off while planning: a plan allocates
+    tens of thousands of short-lived objects (simulator events, assignments)
+    and no cycles worth collecting, and the collector's passes cost 3% of a
+    200-op plan (measured); it is switched back on after (if it was on)."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class ExportedPolicy(Policy):
     """A learned policy loaded from an export folder; plans with numpy only."""
 
@@ -500,8 +517,9 @@ class ExportedPolicy(Policy):
         planned with.  ``samples=0, candidates=(), refine=0`` is the policy
         alone (greedy decoding).  Defaults: :meth:`planning`.  Every candidate
         with its predicted makespan: :meth:`plan_candidates`."""
-        found = self.plan_candidates(graph, machine, model, samples=samples, candidates=candidates,
-                                     temperature=temperature, refine=refine, seed=seed, prior_scale=prior_scale)
+        with _gc_paused():
+            found = self.plan_candidates(graph, machine, model, samples=samples, candidates=candidates,
+                                         temperature=temperature, refine=refine, seed=seed, prior_scale=prior_scale)
         return pick(found)
 
     def plan_candidates(self, graph: OpGraph, machine: Machine, model: Any = None, *,
@@ -585,10 +603,12 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: heuristics; the fastest under the planning model, improved by ``refine``
 #: local-search steps, wins.
 #: Chosen on the validation split within the planning budget (a 200-op graph in at
-#: most 100 ms on one core, heuristics included; issue 23), where local search
-#: improved more per millisecond than samples: the sampled decoding K = 1 added
-#: nothing there (geometric mean 0.9971 with it, 0.9972 without) and cost a third
-#: of the planning time (``python -m opsched.benchmarks.plan_search``, docs/learning.md).
+#: most 100 ms on one core, the hint heuristics included; issue 23): the
+#: best-quality setting that fits (``python -m opsched.benchmarks.plan_search``,
+#: docs/learning.md).  The sampled decoding added nothing (K = 1: 0.9973x the best
+#: heuristic, K = 0: 0.9972x) and cost a third of the time; with K = 0, R = 20
+#: local-search steps plan in 98 ms (0.9985x), R = 30 in 102 ms (0.9978x), R = 40
+#: in 110 ms (0.9972x).
 #: ``prior_scale`` multiplies the learned hint prior's logit bonuses at plan time
 #: (1: the network as trained): chosen on validation, where the greedy decoding
 #: improved monotonically up to x10 (the shipped policy 1.0015 -> 1.0009x the
@@ -597,7 +617,7 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: (``python -m opsched.benchmarks.plan_search``, docs/learning.md).  The network
 #: still overrides the hint where its own logits differ by more than the bonus.
 DEFAULT_PLANNING: dict[str, Any] = {
-    "samples": 0, "temperature": 1.0, "refine": 40, "prior_scale": 10.0,
+    "samples": 0, "temperature": 1.0, "refine": 20, "prior_scale": 10.0,
 }  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints), computed anyway for the hint
 
 

@@ -172,31 +172,33 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                 if t > drt[g]:
                     drt[g] = t
         best_q, best_s, best_f, best_k = -1, 0.0, inf, 0
-        empty_seen = set()
+        free_seen = set()
         row = costs[i]
         for q in range(p):
             w = row[q]
             sq = starts[q]
-            if not sq:  # idle processors of one device and cost are interchangeable: try the first
-                same = (grp[q], w)
-                if same in empty_seen:
+            gq = grp[q]
+            ready = drt[gq]
+            fq = finishes[q]
+            if not sq or fq[-1] <= ready:
+                # free by `ready` (idle, or its last task done): it starts the task at `ready`, as does every
+                # other free processor of its device with the same cost, so only the first of them can win
+                same = (gq, w)
+                if same in free_seen:
                     continue
-                empty_seen.add(same)
-                s, k = drt[grp[q]], 0
+                free_seen.add(same)
+                s, k = ready, len(sq)
             elif insertion:  # the earliest gap of length w from `ready` (inlined: the innermost loop of a plan)
-                fq = finishes[q]
-                ready = drt[grp[q]]
-                k = bisect_right(fq, ready)  # intervals before k end by `ready`
+                k = bisect_right(fq, ready)  # intervals before k end by `ready`, those from k after it
                 m = len(sq)
+                s = ready  # the gap before interval k starts at `ready`, every later one at an interval's end
                 while k < m:
-                    s = max(ready, fq[k - 1]) if k > 0 else ready
                     if s + w <= sq[k]:
                         break
+                    s = fq[k]
                     k += 1
-                else:
-                    s = max(ready, fq[-1])
             else:
-                s, k = max(drt[grp[q]], finishes[q][-1]), len(sq)
+                s, k = fq[-1], len(sq)  # not free by `ready`: after its last task
             if s + w < best_f:
                 best_q, best_s, best_f, best_k = q, s, s + w, k
         proc_l[i], start_l[i], finish_l[i] = best_q, best_s, best_f

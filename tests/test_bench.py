@@ -252,3 +252,21 @@ def test_quick_run_writes_report_results_and_figures(tmp_path: Path) -> None:
     assert not re.search(r"\bnan\b", report, re.IGNORECASE)
     assert (out / "real_ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "](real_ratios.png)" in report
     assert not (out / "fidelity.png").exists() and "](fidelity.png)" not in report
+
+
+def test_plan_search_and_teacher_cpsat_write_their_figures(tmp_path: Path) -> None:
+    """The two benchmarks behind the planning defaults write JSON and markdown
+    with a row per configuration they compared."""
+    import json
+
+    pytest.importorskip("ortools")
+    from opsched.benchmarks import plan_search, teacher_cpsat
+
+    assert plan_search.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "plan_search.json").read_text())
+    assert set(res["configs"]) == {f"{k},{r}" for k, r in plan_search.GRID[:3]}
+    assert all(c["median_ms"] > 0 and c["gmean"] > 0 for c in res["configs"].values())
+    assert set(res["greedy_by_prior_scale"]) == {"1.0", "10.0"} and (tmp_path / "plan_search.md").is_file()
+    assert teacher_cpsat.main(["--pairs", "2", "--cpsat", "0.1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "teacher_cpsat.json").read_text())
+    assert set(res["summary"]) == {"0.0", "0.1"} and res["summary"]["0.1"]["gmean"] <= 1.0 + 1e-9
