@@ -585,6 +585,10 @@ def pick(candidates: Mapping[str, tuple[Plan, float]]) -> Plan:
     return min(candidates.values(), key=lambda c: (not math.isfinite(c[1]), c[1]))[0]
 
 
+#: Random moves a refine step may draw until one changes the plan (see :func:`opsched.policies.refine.local_search`).
+REFINE_DRAWS = 8
+
+
 def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Generator) -> Plan | None:
     """``plan`` improved by ``budget`` local-search steps on the episode's slots
     (None when search found nothing better there)."""
@@ -594,7 +598,7 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
     start = from_plan(data, plan, source)
     if not np.isfinite(makespan(data, start)):
         return None
-    found = local_search(data, start, budget, rng)
+    found = local_search(data, start, budget, rng, draws=REFINE_DRAWS)
     return to_plan(data, found, plan.policy) if found.makespan < start.makespan else None
 
 

@@ -54,13 +54,24 @@ def _move(data: Any, sp: SlotPlan, rng: np.random.Generator) -> SlotPlan | None:
     return out
 
 
-def local_search(data: Any, start: SlotPlan, budget: int, rng: np.random.Generator) -> SlotPlan:
-    """First-improvement hill climbing from ``start`` with ``budget`` simulations."""
+def local_search(data: Any, start: SlotPlan, budget: int, rng: np.random.Generator, draws: int = 1) -> SlotPlan:
+    """First-improvement hill climbing from ``start`` with ``budget`` steps.
+
+    ``draws``: how many random moves a step may draw until one changes the
+    plan (a move that changes nothing costs no simulation: a thread-level
+    move of an op with one level, a device move to its own device).  1 (the
+    training teacher's setting) lets such a draw use up its step; the
+    exported scheduler's refine draws up to 8, so each of its steps is a
+    simulation, which is what its planning time pays for."""
     best = start.copy()
     if not np.isfinite(best.makespan):
         makespan(data, best)
     for _ in range(max(0, int(budget))):
-        cand = _move(data, best, rng)
+        cand = None
+        for _ in range(max(1, int(draws))):
+            cand = _move(data, best, rng)
+            if cand is not None:
+                break
         if cand is None:
             continue
         if makespan(data, cand) < best.makespan * (1.0 - 1e-9):

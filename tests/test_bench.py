@@ -264,7 +264,7 @@ def test_plan_search_and_teacher_cpsat_write_their_figures(tmp_path: Path) -> No
 
     assert plan_search.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "plan_search.json").read_text())
-    assert set(res["configs"]) == {f"{k},{r}" for k, r in plan_search.GRID[:3]}
+    assert set(res["configs"]) == {plan_search._key(*c) for c in plan_search.QUICK_GRID}
     assert all(c["median_ms"] > 0 and c["gmean"] > 0 for c in res["configs"].values())
     assert set(res["greedy_by_prior_scale"]) == {"1.0", "10.0"} and (tmp_path / "plan_search.md").is_file()
     assert teacher_cpsat.main(["--pairs", "2", "--cpsat", "0.1", "--out", str(tmp_path)]) == 0

@@ -308,3 +308,22 @@ def test_a_coarse_projection_is_the_faster_of_leading_member_and_time_share(mach
     chosen = from_plan(data, plan, "heft")
     lead, spent = (_project(data, plan, "heft", by_time=b) for b in (False, True))
     assert chosen.makespan == min(makespan(data, lead), makespan(data, spent))
+
+
+def test_each_refine_step_simulates_a_changed_plan(episode, monkeypatch):
+    """With draws > 1 a step redraws moves that change nothing, so every step
+    pays one simulation (what the exported scheduler's refine budget counts);
+    with draws=1 such draws use up their step."""
+    import opsched.policies.refine as R
+
+    data, ep = episode
+    calls = []
+    real = R.makespan
+    monkeypatch.setattr(R, "makespan", lambda d, sp: calls.append(1) or real(d, sp))
+    start = from_episode(ep, "random")
+    makespan(data, start)
+    local_search(data, start, 30, np.random.default_rng(3), draws=8)
+    assert len(calls) == 30
+    calls.clear()
+    local_search(data, start, 30, np.random.default_rng(3), draws=1)
+    assert len(calls) < 30  # some of these 30 draws changed nothing (seeded: deterministic)
