@@ -194,3 +194,14 @@ def test_learned_bench_exact_gaps_use_the_shared_cpsat_model():
     (row,) = exact_gaps(get_policy("cpa"), n_graphs=1, time_limit_s=5)
     assert row["proved_optimal"] and row["heuristic_gap"] >= -1e-9
     assert row["lower_bound_s"] <= row["optimum_s"] * (1 + 1e-9)
+
+
+def test_gap_closed_is_the_share_of_the_heuristic_gap_the_learned_plan_closes():
+    from opsched.benchmarks.hard import gap_closed
+
+    assert gap_closed(1.2, 1.0, 1.0) == pytest.approx(1.0)   # the learned plan is the best known
+    assert gap_closed(1.2, 1.2, 1.0) == pytest.approx(0.0)   # it only ties the best heuristic
+    assert gap_closed(1.2, 1.1, 1.0) == pytest.approx(0.5)
+    assert gap_closed(1.2, 1.3, 1.0) < 0                     # slower than the heuristic
+    assert gap_closed(1.01, 1.0, 1.0) is None                # the heuristic is within 2%: no gap to close
+    assert gap_closed(1.2, None, 1.0) is None
