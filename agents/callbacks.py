@@ -202,8 +202,11 @@ def evaluate_now(model: Any, state: TrainState, evaluator: ValidationEvaluator,
     ``timesteps`` is 0 (no PPO step yet), it is logged under ``imitation/`` in
     TensorBoard (x = round) and not shown to ``on_eval`` (the pruner's steps
     are PPO steps)."""
+    from opsched.agents.policy import hint_prior_scaled
+
     steps = int(model.num_timesteps)
-    result = evaluator.evaluate(policy_actor(model.policy), should_stop=lambda: state.should_stop("evaluation"))
+    with hint_prior_scaled(model.policy, evaluator.prior_scale):
+        result = evaluator.evaluate(policy_actor(model.policy), should_stop=lambda: state.should_stop("evaluation"))
     if result is None:
         return None
     row = {"timesteps": float(steps), "imitation_round": float(imitation_round), "wall_s": round(state.wall, 2),

@@ -1,7 +1,9 @@
 """Validation: the learned policy against the heuristic baselines.
 
 For every (validation graph, validation machine) pair the policy schedules one
-episode greedily (masked argmax), the episode's Plan is replayed on the
+episode greedily (masked argmax; its hint prior at the exported scheduler's
+plan-time ``prior_scale``, so the best model is chosen on the greedy decoding
+that ships -- :func:`opsched.agents.policy.hint_prior_scaled`), the episode's Plan is replayed on the
 simulator, and its makespan is divided by each baseline's (the baseline's
 Plan on the same simulator): like for like, ratio < 1 means the learned
 policy is faster.  Ratios are summarised by their mean and geometric mean per
@@ -98,11 +100,18 @@ class ValidationEvaluator:
     """Runs the policy greedily on every validation pair and compares with the baselines."""
 
     def __init__(self, config: TrainConfig, model: Any = None, cache_dir: Any = None,
-                 known: Sequence[dict[str, Any]] | None = None) -> None:
+                 known: Sequence[dict[str, Any]] | None = None, prior_scale: float | None = None) -> None:
         """``known``: rows of a run's ``validation_baselines.json`` (a resumed run
         reads its baselines' makespans instead of planning them again); used
-        only when they cover exactly these pairs and baselines."""
+        only when they cover exactly these pairs and baselines.  ``prior_scale``:
+        the hint prior's multiplier while a policy is scored
+        (:func:`opsched.agents.policy.hint_prior_scaled`); default the exported
+        scheduler's plan-time setting, so the best model is chosen on the
+        greedy decoding that ships."""
         from opsched.agents.environments import make_env
+        from opsched.policies.exported import DEFAULT_PLANNING
+
+        self.prior_scale = float(DEFAULT_PLANNING["prior_scale"] if prior_scale is None else prior_scale)
 
         self.pairs = build_pairs(config.validation_graphs, config.validation_machines, cache_dir)
         if not _fill_known(self.pairs, config.baselines, known):

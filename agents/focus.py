@@ -25,7 +25,7 @@ workers step; the trainer sets its pairs and weights with ``set_pairs``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -37,12 +37,14 @@ class FocusPairs(gym.Wrapper):
     rewards against the pair's teacher (see the module docstring).  Without
     pairs set it passes the env through unchanged."""
 
-    def __init__(self, env: gym.Env, shaping: bool = False, teacher_steps: int = 400, seed: int = 0,
-                 teacher_cpsat_s: float = 0.0) -> None:
+    def __init__(self, env: gym.Env, shaping: bool = False, teacher: Mapping[str, Any] | None = None,
+                 seed: int = 0) -> None:
+        from opsched.agents.teachers import TeacherSettings
+
         super().__init__(env)
         self.shaping = bool(shaping)
-        self.teacher_steps, self.teacher_seed = int(teacher_steps), int(seed)
-        self.teacher_cpsat_s = float(teacher_cpsat_s)
+        self.teacher = TeacherSettings.from_dict(teacher)  # TeacherSettings.as_dict(), None: the defaults
+        self.teacher_seed = int(seed)
         self.pairs: list[tuple[int, int]] = []
         self.weights = np.zeros(0)
         self._bonus = 0.0
@@ -67,11 +69,8 @@ class FocusPairs(gym.Wrapper):
             obs, info = self.env.reset(seed=seed, options=options)
         self._bonus = 0.0
         if self.shaping and self.pairs:
-            from opsched.agents.teachers import teacher
-
             data = env.episode_data
-            span = teacher(data, env.model, self.teacher_steps, self.teacher_seed,
-                           cpsat_s=self.teacher_cpsat_s).plan.makespan
+            span = self.teacher.teach(data, env.model, self.teacher_seed).plan.makespan
             self._bonus = float(span) / float(data.reference)
         return obs, info
 

@@ -10,6 +10,8 @@ output and the action and value nets are identities.  The algorithm itself
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -98,3 +100,26 @@ def greedy_action(policy: GraphPolicy, obs: dict[str, np.ndarray], mask: np.ndar
     """The masked argmax of :func:`action_logits`: what ``predict(deterministic=True)`` picks."""
     logits = action_logits(policy, obs)
     return int(np.argmax(np.where(np.asarray(mask, dtype=bool), logits, -np.inf)))
+
+
+@contextmanager
+def hint_prior_scaled(policy: Any, scale: float) -> Iterator[None]:
+    """Inside the block, ``policy``'s learned hint prior is multiplied by
+    ``scale``: what the exported scheduler does at plan time
+    (``prior_scale`` in :data:`opsched.policies.exported.DEFAULT_PLANNING`), so
+    validation scores the greedy decoding that ships, not the network at x1.
+    The prior is linear in its three scalars, so scaling them scales every
+    bonus, as the numpy encoder does.  The weights are restored on leaving,
+    also on an exception or Ctrl-C, so a saved model is the trained one."""
+    prior = getattr(getattr(policy, "features_extractor", None), "hint_prior", None)
+    if prior is None or float(scale) == 1.0:
+        yield
+        return
+    with th.no_grad():
+        saved = prior.detach().clone()
+        prior.mul_(float(scale))
+    try:
+        yield
+    finally:
+        with th.no_grad():
+            prior.copy_(saved)

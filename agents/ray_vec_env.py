@@ -86,9 +86,8 @@ def env_spec(graphs: Sequence[Any], machines: Sequence[Any], max_nodes: int, bac
     if not hint_plan:
         spec["hint_plan"] = False
     if focus is not None:
-        spec["focus"] = {"shaping": bool(focus.get("shaping", False)),
-                         "teacher_steps": int(focus.get("teacher_steps", 400)), "seed": int(focus.get("seed", 0)),
-                         "teacher_cpsat_s": float(focus.get("teacher_cpsat_s", 0.0))}
+        spec["focus"] = {"shaping": bool(focus.get("shaping", False)), "seed": int(focus.get("seed", 0)),
+                         "teacher": dict(focus.get("teacher") or {})}
     return spec
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,10 +231,39 @@ def _write(data: Any, key: str, found: Teacher) -> None:
         pass
 
 
-def teacher_for_env(env: Any, steps: int = DEFAULT_STEPS, seed: int = 0, cpsat_s: float = 0.0) -> SlotPlan:
+@dataclass(frozen=True)
+class TeacherSettings:
+    """How hard the teacher searches: the ``teacher_steps`` and
+    ``teacher_cpsat_s`` hyperparameters, read from the run's config in one
+    place (:meth:`from_hyperparameters`) and handed to rollout workers, local
+    or Ray actors, as one plain mapping (:meth:`as_dict` / :meth:`from_dict`),
+    so a new teacher setting is added here and nowhere else."""
+
+    steps: int = DEFAULT_STEPS
+    cpsat_s: float = 0.0
+
+    @classmethod
+    def from_hyperparameters(cls, ppo: Mapping[str, Any]) -> TeacherSettings:
+        """The settings of a run's ``ppo`` hyperparameters (absent: the defaults here)."""
+        return cls(int(ppo.get("teacher_steps", DEFAULT_STEPS)), float(ppo.get("teacher_cpsat_s", 0.0)))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> TeacherSettings:
+        d = d or {}
+        return cls(int(d.get("steps", DEFAULT_STEPS)), float(d.get("cpsat_s", 0.0)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "cpsat_s": self.cpsat_s}
+
+    def teach(self, data: Any, model: Any = None, seed: int = 0) -> Teacher:
+        """:func:`teacher` of one episode's pair with these settings."""
+        return teacher(data, model, self.steps, seed, cpsat_s=self.cpsat_s)
+
+
+def teacher_for_env(env: Any, settings: TeacherSettings | None = None, seed: int = 0) -> SlotPlan:
     """The teacher of ``env``'s current episode, as the slot plan imitation labels states with."""
     unwrapped = env.unwrapped
-    return teacher(unwrapped.episode_data, unwrapped.model, steps, seed, cpsat_s=cpsat_s).plan.copy()
+    return (settings or TeacherSettings()).teach(unwrapped.episode_data, unwrapped.model, seed).plan.copy()
 
 
-__all__ = ["CPSAT_MAX_OPS", "DEFAULT_STEPS", "TEACHER_VERSION", "Teacher", "teacher", "teacher_for_env", "teachers_dir"]
+__all__ = ["CPSAT_MAX_OPS", "DEFAULT_STEPS", "TEACHER_VERSION", "Teacher", "TeacherSettings", "teacher", "teacher_for_env", "teachers_dir"]

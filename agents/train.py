@@ -207,18 +207,17 @@ def _teacher_fn(cfg: TrainConfig, graphs: list, machines: list, taught: set[tupl
     or None for the best heuristic; records each taught pair as (graph index, machine index)."""
     if cfg.ppo.get("teacher", "heuristic") != "best-known":
         return None
-    from opsched.agents.teachers import teacher_for_env
+    from opsched.agents.teachers import TeacherSettings, teacher_for_env
 
     gi = {id(g): i for i, g in enumerate(graphs)}
     mi = {id(m): i for i, m in enumerate(machines)}
-    steps = int(cfg.ppo.get("teacher_steps", 400))
-    cpsat_s = float(cfg.ppo.get("teacher_cpsat_s", 0.0))
+    settings = TeacherSettings.from_hyperparameters(cfg.ppo)
 
     def teach(env: Any) -> Any:
         data = env.unwrapped.episode_data
         if id(data.graph) in gi and id(data.machine) in mi:
             taught.add((gi[id(data.graph)], mi[id(data.machine)]))
-        return teacher_for_env(env, steps, cfg.seed, cpsat_s)
+        return teacher_for_env(env, settings, cfg.seed)
 
     return teach
 
@@ -389,7 +388,7 @@ def _rl_pairs(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: list
     """The taught pairs with the student's greedy makespan over the teacher's, and their draw weights."""
     from opsched.agents.expert_iteration import numpy_encoder
     from opsched.agents.focus import behind_weights
-    from opsched.agents.teachers import teacher
+    from opsched.agents.teachers import TeacherSettings
     from opsched.agents.vec_envs import warm_start_env
     from opsched.engine.slots import from_episode
     from opsched.policies.exported import decode_episode
@@ -402,16 +401,14 @@ def _rl_pairs(model: MaskablePPO, cfg: TrainConfig, graphs: list, machines: list
         return {"pairs": [], "weights": [], "ratios": []}
     env = warm_start_env(cfg, graphs, machines)
     encoder = numpy_encoder(model.policy)
-    steps = int(cfg.ppo.get("teacher_steps", 400))
-    cpsat_s = float(cfg.ppo.get("teacher_cpsat_s", 0.0))
+    settings = TeacherSettings.from_hyperparameters(cfg.ppo)
     ratios = []
     try:
         for g, m in taught:
             env.reset(options={"graph": graphs[g], "machine": machines[m]})
             data = env.unwrapped.episode_data
             student = from_episode(decode_episode(encoder, data)[0]).makespan
-            ratios.append(float(student / teacher(data, env.unwrapped.model, steps, cfg.seed,
-                                                  cpsat_s=cpsat_s).plan.makespan))
+            ratios.append(float(student / settings.teach(data, env.unwrapped.model, cfg.seed).plan.makespan))
     finally:
         env.close()
     ones = [1.0] * len(taught)

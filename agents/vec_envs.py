@@ -53,9 +53,10 @@ def _focus_args(cfg: Any) -> dict[str, Any] | None:
     """:class:`~opsched.agents.focus.FocusPairs`' arguments, or None when the workers do not focus."""
     if not focuses(cfg):
         return None
-    return {"shaping": bool(cfg.ppo.get("rl_shaping", False)),
-            "teacher_steps": int(cfg.ppo.get("teacher_steps", 400)), "seed": cfg.seed,
-            "teacher_cpsat_s": float(cfg.ppo.get("teacher_cpsat_s", 0.0))}
+    from opsched.agents.teachers import TeacherSettings
+
+    return {"shaping": bool(cfg.ppo.get("rl_shaping", False)), "seed": cfg.seed,
+            "teacher": TeacherSettings.from_hyperparameters(cfg.ppo).as_dict()}
 
 
 def warm_start_env(cfg: Any, graphs: list, machines: list) -> Any:

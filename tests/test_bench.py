@@ -77,6 +77,38 @@ def test_time_workers_interleaves_sizes_calls_and_drops_failures() -> None:
     assert steps.count("fast") == 4  # the warm-up and three rounds
 
 
+class _StartWorker:
+    """A worker that records when it is started and waited for."""
+
+    def __init__(self, name: str, events: list, fail: bool = False) -> None:
+        self.name, self.events, self.fail = name, events, fail
+
+    def start(self) -> None:
+        self.events.append(("start", self.name))
+
+    def wait_ready(self, timeout: float) -> None:
+        self.events.append(("ready", self.name))
+        if self.fail:
+            raise H.WorkerError(f"{self.name}: worker exited")
+
+    def close(self, kill: bool = False) -> None:
+        self.events.append(("close", self.name))
+
+
+def test_start_all_prepares_the_measuring_worker_alone_after_the_others() -> None:
+    """``opsched.train_step``'s set-up times candidate plans and looks for busy
+    cores, so it must not prepare beside the other configurations' set-up."""
+    events: list = []
+    workers = [_StartWorker("eager", events), _StartWorker("train_step", events), _StartWorker("cpa", events, fail=True)]
+    failed = H.start_all(workers, timeout=5.0, alone=("train_step",))
+    assert set(failed) == {"cpa"}
+    assert events == [("start", "eager"), ("start", "cpa"), ("ready", "eager"), ("ready", "cpa"), ("close", "cpa"),
+                      ("start", "train_step"), ("ready", "train_step")]
+    events.clear()
+    H.start_all(workers[:2], timeout=5.0)  # by default all prepare together
+    assert events[:2] == [("start", "eager"), ("start", "train_step")]
+
+
 def test_headline_names_the_largest_gap() -> None:
     def g(model: str, ours: float, ort: float) -> dict:
         ratio = {"eager": {"median": 1.0, "q1": 1.0, "q3": 1.0, "n": 3},

@@ -418,3 +418,34 @@ def test_every_entry_of_policy_json_is_covered_by_its_digest(folder, tmp_path):
         _edit_meta(f, lambda m, key=key, value=value: m["observation"].update({key: value}))
         with pytest.raises(PolicyError, match=rf"policy\.json: the content does not match its {DIGEST_KEY}"):
             load(f)
+
+
+def test_validation_scores_the_prior_scale_that_ships(model, folder):
+    """Inside ``hint_prior_scaled`` the torch policy's logits are the numpy
+    scheduler's at that plan-time ``prior_scale`` (so validation picks the best
+    model on the decoding that ships), and the trained weights come back after,
+    also when the block raises."""
+    from opsched.agents.policy import hint_prior_scaled
+
+    pol = load(folder)
+    before = model.policy.features_extractor.hint_prior.detach().clone()
+    assert before.abs().sum() > 0
+    states = list(_random_states(_env(), 12, seed=5))
+    unscaled = pol.encoder.hint_prior
+    try:
+        pol.encoder.hint_prior = unscaled * np.float32(10.0)
+        plain = [action_logits(model.policy, obs) for obs, _ in states]
+        with hint_prior_scaled(model.policy, 10.0):
+            scaled = [action_logits(model.policy, obs) for obs, _ in states]
+            for (obs, _), logits in zip(states, scaled):
+                np.testing.assert_allclose(pol.encoder.forward(obs)[0], logits, rtol=1e-5, atol=1e-4)
+        assert any(not np.allclose(a, b) for a, b in zip(plain, scaled))  # the hint bonus did change
+    finally:
+        pol.encoder.hint_prior = unscaled
+    assert th.equal(model.policy.features_extractor.hint_prior, before)
+    with pytest.raises(KeyboardInterrupt), hint_prior_scaled(model.policy, 10.0):
+        assert not th.equal(model.policy.features_extractor.hint_prior, before)
+        raise KeyboardInterrupt
+    assert th.equal(model.policy.features_extractor.hint_prior, before)
+    obs = states[0][0]
+    np.testing.assert_allclose(pol.encoder.forward(obs)[0], action_logits(model.policy, obs), rtol=1e-5, atol=1e-5)

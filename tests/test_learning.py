@@ -308,6 +308,16 @@ def test_a_coarse_projection_is_the_faster_of_leading_member_and_time_share(mach
     chosen = from_plan(data, plan, "heft")
     lead, spent = (_project(data, plan, "heft", by_time=b) for b in (False, True))
     assert chosen.makespan == min(makespan(data, lead), makespan(data, spent))
+    # projected once per plan: a second call is the cached projection, as a copy the caller may change
+    again = from_plan(data, plan, "heft again")
+    assert again is not chosen and again.source == "heft again" and chosen.source == "heft"
+    assert (again.device, again.level, again.rank, again.after) == (chosen.device, chosen.level, chosen.rank,
+                                                                    chosen.after)
+    again.device[0] = 1 - again.device[0]
+    assert from_plan(data, plan).device == chosen.device
+    other = get_policy("critical-path-first").plan(g, m)
+    assert from_plan(data, other).device == _project(data, other, "", by_time=False).device or \
+        from_plan(data, other).device == _project(data, other, "", by_time=True).device
 
 
 def test_each_refine_step_simulates_a_changed_plan(episode, monkeypatch):

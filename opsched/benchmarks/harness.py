@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,24 +320,38 @@ class Worker:
             self._log = None
 
 
-def start_all(workers: Sequence[Worker], timeout: float) -> dict[str, str]:
+def start_all(workers: Sequence[Worker], timeout: float, alone: Collection[str] = ()) -> dict[str, str]:
     """Start every worker and wait for each to be ready (they prepare in
-    parallel); returns ``{name: reason}`` for those that failed, closed."""
+    parallel); returns ``{name: reason}`` for those that failed, closed.
+
+    The workers named in ``alone`` prepare one at a time after all the others
+    are ready (idle): their set-up measures this machine -- ``opsched.train_step``
+    times its candidate plans, checks for busy cores and decides whether to
+    fall back to eager -- and beside nine other processes capturing and
+    planning it saw a busy core, planned for one thread and fell back (measured:
+    inception, load average 7 during its set-up)."""
     failed: dict[str, str] = {}
-    for w in workers:
-        try:
-            w.start()
-        except OSError as exc:
-            failed[w.name] = f"could not start: {exc}"
     deadline = time.monotonic() + timeout
+
+    def start(batch: Sequence[Worker]) -> None:
+        for w in batch:
+            try:
+                w.start()
+            except OSError as exc:
+                failed[w.name] = f"could not start: {exc}"
+        for w in batch:
+            if w.name in failed:
+                continue
+            try:
+                w.wait_ready(max(1.0, deadline - time.monotonic()))
+            except WorkerError as exc:
+                failed[w.name] = str(exc)
+                w.close(kill=True)
+
+    start([w for w in workers if w.name not in alone])
     for w in workers:
-        if w.name in failed:
-            continue
-        try:
-            w.wait_ready(max(1.0, deadline - time.monotonic()))
-        except WorkerError as exc:
-            failed[w.name] = str(exc)
-            w.close(kill=True)
+        if w.name in alone:
+            start([w])
     return failed
 
 

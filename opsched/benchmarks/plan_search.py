@@ -103,11 +103,10 @@ def planning_ms(policy: Any, grid: Sequence[tuple[int, int, str]], repeats: int,
                 families: Sequence[str] = TIME_FAMILIES) -> dict[str, Any]:
     """Per configuration, median CPU ms of planning each 200-op case, and the
     median and worst over the cases."""
-    from opsched.graph import OpGraph
+    from opsched.benchmarks.plan_speed import clocked_plans
     from opsched.machine import get_machine
-    from opsched.policies.hints import clear_cache
     from opsched.synthetic import generate
-    from opsched.timing import clocked, summary
+    from opsched.timing import summary
 
     cases = [(fam, m) for fam in families for m in TIME_MACHINES]
     out: dict[str, Any] = {}
@@ -115,15 +114,10 @@ def planning_ms(policy: Any, grid: Sequence[tuple[int, int, str]], repeats: int,
         per_case = []
         names = _candidates(policy, extra)
         for fam, mname in cases:
-            data = generate(fam, TARGET_OPS, 1000 + TARGET_OPS).to_dict()
-            machine = get_machine(mname)
-            def fresh(d: dict = data) -> OpGraph:
-                clear_cache()  # the hint heuristics are part of planning a graph the first time
-                return OpGraph.from_dict(d)
-
-            runs = clocked(lambda g, m=machine, k=k, r=r, c=names: policy.plan(g, m, samples=k, refine=r,
-                                                                                 candidates=c),
-                           repeats, warmup=1, setup=fresh)
+            graph, machine = generate(fam, TARGET_OPS, 1000 + TARGET_OPS), get_machine(mname)
+            runs = clocked_plans(lambda g, m=machine, k=k, r=r, c=names: policy.plan(g, m, samples=k, refine=r,
+                                                                                      candidates=c),
+                                 graph, repeats)
             per_case.append(summary(runs.cpu_s)["median"] * 1e3)
         out[_key(k, r, extra)] = {"median_ms": statistics.median(per_case), "worst_ms": max(per_case), "cases": per_case}
     return out

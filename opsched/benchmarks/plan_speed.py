@@ -14,7 +14,7 @@ typical graph), with the worst case reported beside it (``met_worst``).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +28,26 @@ MACHINES = ("xeon-8180-2s", "knl-68", "dgx1-4v100", "local")
 TARGET_MS, TARGET_OPS = 100.0, 200
 
 
-def time_plans(policy: Any, graph: OpGraph, machine: Any, repeats: int) -> dict[str, Any]:
-    """Median wall / CPU milliseconds of planning fresh copies of ``graph``, the
-    hint heuristics included (nothing cached from the previous repeat; making
-    the copy is not timed)."""
+def clocked_plans(plan: Callable[[OpGraph], Any], graph: OpGraph, repeats: int) -> Any:
+    """:func:`opsched.timing.clocked` runs of ``plan`` on fresh copies of
+    ``graph``, after one warm-up: before each, the hint heuristics' cache is
+    cleared (they are part of planning a graph the first time) and the graph
+    is copied, neither timed.  Shared with :mod:`opsched.benchmarks.plan_search`."""
     from opsched.policies.hints import clear_cache
 
     data = graph.to_dict()
 
     def fresh() -> OpGraph:
-        clear_cache()  # the hint heuristics are part of planning a graph the first time
+        clear_cache()
         return OpGraph.from_dict(data)
 
-    runs = clocked(lambda g: policy.plan(g, machine), repeats, warmup=1, setup=fresh)
+    return clocked(plan, repeats, warmup=1, setup=fresh)
+
+
+def time_plans(policy: Any, graph: OpGraph, machine: Any, repeats: int) -> dict[str, Any]:
+    """Median wall / CPU milliseconds of planning fresh copies of ``graph``, the
+    hint heuristics included (:func:`clocked_plans`)."""
+    runs = clocked_plans(lambda g: policy.plan(g, machine), graph, repeats)
     plan = runs.results[-1]
     return {"wall_ms": summary(runs.wall_s)["median"] * 1e3, "cpu_ms": summary(runs.cpu_s)["median"] * 1e3,
             **{k: plan.meta.get(k) for k in ("decisions", "slots", "coarsened", "chosen")}}

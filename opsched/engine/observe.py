@@ -97,6 +97,7 @@ class EpisodeData:
     node_levels: np.ndarray     # (N, MAX_LEVELS) float32: level_features of the scheduled graph
     hint_after: tuple[tuple[int, ...], ...] = ()  # per slot, the slots the hinted plan holds it for
     fits_cache: dict = field(default_factory=dict)  # free slots per device -> flat (device, level) fits
+    projections: dict = field(default_factory=dict)  # id(plan) -> (plan, SlotPlan): engine/slots.from_plan's cache
 
     @property
     def n(self) -> int:
