@@ -308,3 +308,22 @@ def test_plan_search_and_teacher_cpsat_write_their_figures(tmp_path: Path) -> No
     assert teacher_cpsat.main(["--pairs", "2", "--cpsat", "0.1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "teacher_cpsat.json").read_text())
     assert set(res["summary"]) == {"0.0", "0.1"} and res["summary"]["0.1"]["gmean"] <= 1.0 + 1e-9
+
+
+def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeypatch) -> None:
+    """The hint-choice benchmark (issue 23, docs/learning.md): per pair, every
+    variant's greedy makespan over the best baseline's, and the hint each used."""
+    import json
+
+    from opsched.benchmarks import hint_choice
+
+    pairs = hint_choice.pairs_of("val", None)[:2]
+    monkeypatch.setattr(hint_choice, "pairs_of", lambda split, group: pairs)
+    assert hint_choice.main(["--split", "val", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "hint_choice_val.json").read_text())
+    assert len(res["rows"]) == 2 and set(res["summary"]) == {"validation", "all"}
+    for row in res["rows"]:
+        assert all(row[v] > 0.5 for v in hint_choice.VARIANTS)  # a ratio to the best baseline, not a time
+        assert row["orig+cpa_hint"] in ("cpa", row["orig_hint"])  # adding CPA can only make CPA the best
+    assert res["summary"]["all"]["orig"]["gmean"] == pytest.approx(
+        geomean(r["orig"] for r in res["rows"]))
