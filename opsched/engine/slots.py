@@ -54,7 +54,8 @@ def from_plan(data: Any, plan: Plan, source: str = "") -> SlotPlan:
     the observation's hint, the teacher and plan-time refinement project the
     same heuristic plan, and on a coarsened graph each projection costs two
     replays.  Callers get a copy, so they may change it."""
-    hit = data.projections.get(id(plan))
+    cache = getattr(data, "projections", None)  # None: episode-like data without a cache (opsched.ceiling)
+    hit = cache.get(id(plan)) if cache is not None else None
     if hit is not None and hit[0] is plan:
         out = hit[1].copy()
         out.source = source
@@ -68,7 +69,8 @@ def from_plan(data: Any, plan: Plan, source: str = "") -> SlotPlan:
             if not np.isfinite(sp.makespan):
                 makespan(data, sp)
         best = second if second.makespan < first.makespan else first
-    data.projections[id(plan)] = (plan, best.copy())  # the plan is kept, so its id is not reused
+    if cache is not None:
+        cache[id(plan)] = (plan, best.copy())  # the plan is kept, so its id is not reused
     return best
 
 
