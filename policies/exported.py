@@ -73,12 +73,13 @@ from opsched.engine.layout import (
     ActionLayout,
 )
 from opsched.engine.observe import check_machine, prepare_episode
-from opsched.errors import GraphError, MachineError, PolicyError
+from opsched.errors import GraphError, MachineError, OpschedError, PolicyError
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy
+from opsched.policies.budget import search_budget
 from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
 
 POLICY_FORMAT = "opsched.policy"
@@ -502,7 +503,8 @@ class ExportedPolicy(Policy):
 
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None, *, samples: int | None = None,
              candidates: Sequence[str] | None = None, temperature: float | None = None,
-             refine: int | None = None, seed: int = 0, prior_scale: float | None = None) -> Plan:
+             refine: int | None = None, seed: int = 0, prior_scale: float | None = None,
+             fill: float | None = None) -> Plan:
         """Schedule ``graph`` on ``machine`` and return a Plan for the original graph.
 
         The learned policy decodes the episode greedily and ``samples`` more
@@ -510,7 +512,10 @@ class ExportedPolicy(Policy):
         heuristic named in ``candidates`` plans it too; each candidate is
         simulated with ``model`` (the planning model; default the analytic
         one); the fastest is then improved by ``refine`` steps of local search
-        in the simulator (:mod:`opsched.policies.refine`) and the fastest plan
+        in the simulator (:mod:`opsched.policies.refine`; a graph smaller than
+        the budget graph spends a share ``fill`` of its spare planning time on
+        more steps, and LP rounding joins the default candidates where it fits:
+        :func:`opsched.policies.budget.search_budget`) and the fastest plan
         found is returned - its origin in ``plan.meta["chosen"]``, every
         candidate's makespan in ``plan.meta["candidates"]``.  Seeded by
         ``seed``: the same call, the same plan.  So the result is never
@@ -520,13 +525,15 @@ class ExportedPolicy(Policy):
         with its predicted makespan: :meth:`plan_candidates`."""
         with _gc_paused():
             found = self.plan_candidates(graph, machine, model, samples=samples, candidates=candidates,
-                                         temperature=temperature, refine=refine, seed=seed, prior_scale=prior_scale)
+                                         temperature=temperature, refine=refine, seed=seed, prior_scale=prior_scale,
+                                         fill=fill)
         return pick(found)
 
     def plan_candidates(self, graph: OpGraph, machine: Machine, model: Any = None, *,
                         samples: int | None = None, candidates: Sequence[str] | None = None,
                         temperature: float | None = None, refine: int | None = None,
-                        seed: int = 0, prior_scale: float | None = None) -> dict[str, tuple[Plan, float]]:
+                        seed: int = 0, prior_scale: float | None = None,
+                        fill: float | None = None) -> dict[str, tuple[Plan, float]]:
         """Every plan :meth:`plan` chose from, by origin (``greedy``, ``sample-K``,
         ``heuristic:NAME``, ``refined(...)``), with its makespan under ``model``
         (NaN for the lone greedy plan when nothing else is asked for).
@@ -538,10 +545,22 @@ class ExportedPolicy(Policy):
         temperature = float(cfg["temperature"] if temperature is None else temperature)
         refine = int(cfg["refine"] if refine is None else refine)
         scale = float(cfg["prior_scale"] if prior_scale is None else prior_scale)
-        if samples < 0 or refine < 0 or not temperature > 0 or not (math.isfinite(scale) and scale >= 0):
-            raise PolicyError(f"policy {self.folder}: samples and refine must be >= 0, temperature > 0 and "
-                              f"prior_scale a finite number >= 0, got {samples}, {refine}, {temperature}, {scale}")
+        fill = float(cfg["fill"] if fill is None else fill)
+        if samples < 0 or refine < 0 or not temperature > 0 or not (math.isfinite(scale) and scale >= 0) \
+                or not 0.0 <= fill <= 1.0:
+            raise PolicyError(f"policy {self.folder}: samples and refine must be >= 0, temperature > 0, "
+                              f"prior_scale a finite number >= 0 and fill in [0, 1], got {samples}, {refine}, "
+                              f"{temperature}, {scale}, {fill}")
         self.check(graph, machine)
+        budget_ops = int(cfg["budget_ops"])
+        # a graph the policy coarsens (more ops than max_nodes) costs as much to plan as the budget graph: no spare
+        size = len(graph.ops) if len(graph.ops) <= self.max_nodes else max(len(graph.ops), budget_ops)
+        budget = search_budget(max(1, size), bool(machine.gpus), refine, fill, budget_ops)
+        refine = budget.steps
+        added: tuple[str, ...] = ()  # candidates only the spare budget brought
+        if candidates is None:  # the spare budget adds candidates to the default list only, never to a named one
+            added = tuple(x for x in budget.extra if x not in names)
+            names = (*names, *added)
         from opsched.engine.sim import Simulator
         from opsched.policies.hints import heuristic_plans
         from opsched.policies.registry import entry
@@ -565,7 +584,12 @@ class ExportedPolicy(Policy):
             if name in heuristics:
                 plan, span = heuristics[name]
             else:
-                plan = entry(name).make().plan(graph, machine, model)
+                try:
+                    plan = entry(name).make().plan(graph, machine, model)
+                except OpschedError:
+                    if name not in added:
+                        raise
+                    continue  # a candidate only the spare budget added: planning goes on without it
                 span = sim.makespan(graph, plan)
             plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
         chosen = min(spans, key=spans.__getitem__)
@@ -575,7 +599,7 @@ class ExportedPolicy(Policy):
                 span = sim.makespan(graph, found)
                 if span < spans[chosen] * (1.0 - 1e-9):
                     plans[f"refined({chosen})"], spans[f"refined({chosen})"] = found, span
-        meta = {"candidates": spans, "policy_dir": str(self.folder)}
+        meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine}
         return {k: (Plan(p.assignments, p.graph_fingerprint, p.machine_fingerprint, self.name,
                          {**p.meta, **meta, "chosen": k}), spans[k]) for k, p in plans.items()}
 
@@ -622,8 +646,12 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: the test split the greedy decoding then gives 1.061 -> 1.017x and 1.105 -> 1.017x
 #: (``python -m opsched.benchmarks.plan_search``, docs/learning.md).  The network
 #: still overrides the hint where its own logits differ by more than the bonus.
+#: ``budget_ops`` and ``fill``: a graph smaller than ``budget_ops`` ops spends its spare
+#: planning time (:mod:`opsched.policies.budget`): LP rounding as a candidate where it
+#: fits, then ``fill`` of the rest on more local-search steps; chosen on validation
+#: (``python -m opsched.benchmarks.plan_budget``, docs/learning.md).
 DEFAULT_PLANNING: dict[str, Any] = {
-    "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0,
+    "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0, "budget_ops": 200, "fill": 0.7,
 }  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints) plus EXTRA_CANDIDATES
 #: Candidates beyond the hint heuristics: CPA (Radulescu & van Gemund), the
 #: moldable-task baseline, 2.2% better plans on validation for ~11 ms.

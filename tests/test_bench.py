@@ -327,3 +327,28 @@ def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeyp
         assert row["orig+cpa_hint"] in ("cpa", row["orig_hint"])  # adding CPA can only make CPA the best
     assert res["summary"]["all"]["orig"]["gmean"] == pytest.approx(
         geomean(r["orig"] for r in res["rows"]))
+
+
+def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monkeypatch) -> None:
+    """The benchmark behind the default ``fill`` (docs/learning.md): per fill, the
+    selection sets' ratios and local-search steps, and planning time per size."""
+    import json
+    import os
+
+    from opsched.benchmarks import plan_budget
+
+    sets = {"validation": [("layered:30:3", "knl-68")], "hard (training pairs)": [("fork_join:26:11", "hard:slow-links:11")]}
+    monkeypatch.setattr(plan_budget, "selection_pairs", lambda: sets)
+    cpus = os.sched_getaffinity(0)
+    try:  # the benchmark pins its process to one core: give the rest of the suite its CPUs back
+        assert plan_budget.main(["--quick", "--out", str(tmp_path)]) == 0
+    finally:
+        os.sched_setaffinity(0, cpus)
+    res = json.loads((tmp_path / "plan_budget.json").read_text())
+    assert set(res["quality"]) == set(sets) and set(res["planning_ms"]) == {"0.0", "0.7"}
+    for q in res["quality"].values():
+        assert q["0.0"]["steps"] == [res["refine"]]  # fill 0: exactly R steps
+        assert q["0.7"]["steps"][0] > res["refine"]  # a 26-30-op graph spends its spare budget
+        assert all(r > 0.5 for f in q.values() for r in f["ratios"])
+    assert all(v["median_ms"] > 0 for f in res["planning_ms"].values() for v in f.values())
+    assert "| 0.7 |" in (tmp_path / "plan_budget.md").read_text()

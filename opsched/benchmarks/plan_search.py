@@ -76,7 +76,7 @@ def quality(policy: Any, grid: Sequence[tuple[int, int, str]], pairs: Sequence[t
         best = min(span for _, span in heuristic_plans(graph, machine, None, policy.hints).values())
         sim = Simulator(machine)
         for k, r, extra in grid:
-            plan = policy.plan(graph, machine, samples=k, refine=r, candidates=_candidates(policy, extra))
+            plan = policy.plan(graph, machine, samples=k, refine=r, candidates=_candidates(policy, extra), fill=0.0)
             ratios[_key(k, r, extra)].append(float(sim.run(graph, plan).makespan) / best)
     return {key: {"gmean": geomean(v), "worst": max(v), "ratios": v} for key, v in ratios.items()}
 

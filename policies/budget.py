@@ -1,0 +1,80 @@
+"""The plan-time search's budget: what a graph smaller than the budget graph may spend.
+
+The exported scheduler's default search is sized for a graph of
+``budget_ops`` (200) ops: its heuristics, its greedy decoding and ``refine``
+local-search steps take about 100 ms there on one core (issue 23's target).
+A smaller graph plans faster - about 0.5 ms per op on the presets, the
+heuristics included - and leaves the rest of that budget unspent, while the
+search is worth most on exactly such graphs (a 40-op graph on a machine with
+slow links or busy cores, where list heuristics are 1.2x off).  So
+:func:`search_budget` spends the spare time, deterministically (the same
+graph on the same machine, the same search and the same plan; a clock would
+make the plan depend on the load):
+
+1. **LP rounding** (:mod:`opsched.policies.lp_rounding`, the best baseline on
+   a share of the validation pairs but costing 0.15-0.5 x (CPU-only) to 1.5-4 x
+   (with GPUs: one LP per placement) the base cost per op, counted as 0.5 x and
+   3 x) becomes a candidate when its cost fits in the spare budget;
+2. a share ``fill`` of what is left buys more local-search steps (each costs
+   about 0.015 x the base cost per op: one replay of the slot plan).
+
+Costs are in *op units*: the base planning cost of one op (the default
+candidates plus the greedy decoding), so the rule does not depend on how fast
+the planning computer is.  Measured on the 2-core VM
+(``python -m opsched.benchmarks.plan_budget``, docs/bench/plan_budget.md):
+base 0.44-0.54 ms per op on CPU presets and 0.6-0.8 with GPUs, one step
+3-9 us per op (0.006-0.018 units), LP rounding 0.06-0.24 ms per op without
+GPUs and 1.0-2.2 with them.  Graphs at or above ``budget_ops`` get exactly
+``refine`` steps and no extra candidate: the budget is theirs already.  So do
+graphs the policy coarsens (more ops than its ``max_nodes``, 128 for the
+shipped one; :meth:`opsched.policies.exported.ExportedPolicy.plan_candidates`
+passes them as budget-sized): planning one costs about as much as the
+budget graph (0.6-0.7 ms per op at 150 ops), so they have nothing to spare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Planning cost of LP rounding per op, in op units, on a machine without / with GPUs.
+LP_COST: dict[bool, float] = {False: 0.5, True: 3.0}
+#: Planning cost of one local-search step per op, in op units.
+STEP_COST = 0.015
+#: No graph gets more local-search steps than this (a 5-op graph would otherwise get thousands).
+MAX_STEPS = 2000
+#: The heuristic the spare budget may add as a candidate.
+BUDGET_EXTRA = "lp-rounding"
+
+
+@dataclass(frozen=True)
+class SearchBudget:
+    """What the default search runs on one graph: ``steps`` local-search steps
+    and the ``extra`` candidate heuristics beyond the default ones."""
+
+    steps: int
+    extra: tuple[str, ...] = ()
+
+
+def search_budget(n_ops: int, has_gpu: bool, refine: int, fill: float, budget_ops: int) -> SearchBudget:
+    """The search for a graph of ``n_ops`` ops: ``refine`` steps, plus LP rounding
+    and more steps where the graph is smaller than ``budget_ops`` (see the module
+    docstring).  ``refine = 0`` turns local search off whatever the budget (the
+    extra candidate may still come); ``fill = 0`` or ``budget_ops = 0`` spends no
+    spare budget at all (exactly ``refine`` steps, no extra candidate)."""
+    if n_ops < 1 or refine < 0 or not 0.0 <= fill <= 1.0 or budget_ops < 0:
+        raise ValueError(f"search_budget: need n_ops >= 1, refine >= 0, 0 <= fill <= 1 and budget_ops >= 0, "
+                         f"got {n_ops}, {refine}, {fill}, {budget_ops}")
+    spare = float(budget_ops - n_ops)
+    if fill == 0.0 or spare <= 0.0:
+        return SearchBudget(refine)
+    extra: tuple[str, ...] = ()
+    lp = LP_COST[bool(has_gpu)] * n_ops
+    if lp <= spare:
+        extra, spare = (BUDGET_EXTRA,), spare - lp
+    steps = refine
+    if refine:
+        steps = min(MAX_STEPS, max(refine, refine + int(fill * spare / (STEP_COST * n_ops))))
+    return SearchBudget(steps, extra)
+
+
+__all__ = ["BUDGET_EXTRA", "LP_COST", "MAX_STEPS", "STEP_COST", "SearchBudget", "search_budget"]

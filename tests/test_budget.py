@@ -1,0 +1,98 @@
+"""The plan-time search's budget: a small graph spends its spare planning time, a big one plans as before."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opsched.backends.sim import SimBackend
+from opsched.machine import get_machine
+from opsched.policies import load
+from opsched.policies.budget import BUDGET_EXTRA, LP_COST, MAX_STEPS, search_budget
+from opsched.policies.exported import pretrained_path
+from opsched.synthetic import generate
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), gpu=st.booleans(), refine=st.integers(0, 50), fill=st.floats(0.0, 1.0),
+       budget_ops=st.sampled_from([0, 50, 200]))
+def test_the_budget_only_adds_and_only_below_the_budget_graph(n, gpu, refine, fill, budget_ops):
+    b = search_budget(n, gpu, refine, fill, budget_ops)
+    assert refine <= b.steps <= max(refine, MAX_STEPS)
+    if refine == 0:
+        assert b.steps == 0  # refine 0 keeps local search off
+    if n >= budget_ops or fill == 0.0:
+        assert b.steps == refine and b.extra == ()
+    if b.extra:
+        assert b.extra == (BUDGET_EXTRA,) and LP_COST[gpu] * n <= budget_ops - n
+    bigger = search_budget(n + 1, gpu, refine, fill, budget_ops)
+    if bigger.extra == b.extra:
+        assert bigger.steps <= b.steps  # a bigger graph never gets more search
+
+
+def test_bad_budget_input_is_refused():
+    for args in [(0, False, 10, 0.5, 200), (10, False, -1, 0.5, 200), (10, False, 10, 1.5, 200),
+                 (10, True, 10, 0.5, -3)]:
+        with pytest.raises(ValueError, match="search_budget"):
+            search_budget(*args)
+
+
+@pytest.fixture(scope="module")
+def learned():
+    return load(pretrained_path())
+
+
+def test_a_small_graph_searches_longer_and_tries_lp_rounding(learned):
+    g, m = generate("layered", 30, 5), get_machine("knl-68")
+    before = learned.plan(g, m, fill=0.0)
+    after = learned.plan(g, m)
+    assert before.meta["refine_steps"] == learned.planning()["refine"]
+    assert after.meta["refine_steps"] > before.meta["refine_steps"]
+    assert "heuristic:lp-rounding" in after.meta["candidates"]
+    assert "heuristic:lp-rounding" not in before.meta["candidates"]
+    after.validate(g, m)
+    sim = SimBackend(m)
+    mine = sim.run(g, after).makespan
+    assert mine == pytest.approx(min(after.meta["candidates"].values()))
+    # never slower than anything the budget-free search started from
+    unrefined = {k: v for k, v in before.meta["candidates"].items() if not k.startswith("refined(")}
+    assert mine <= min(unrefined.values()) * (1 + 1e-9)
+    # named candidates stay exactly those
+    named = learned.plan(g, m, candidates=("heft",))
+    assert set(named.meta["candidates"]) <= {"greedy", "heuristic:heft", "refined(greedy)", "refined(heuristic:heft)"}
+    with pytest.raises(Exception, match="fill in"):
+        learned.plan(g, m, fill=2.0)
+
+
+def test_a_graph_at_the_budget_size_plans_exactly_as_without_it(learned):
+    g, m = generate("erdos_renyi", 200, 7), get_machine("xeon-8180-2s")
+    a, b = learned.plan(g, m), learned.plan(g, m, fill=0.0)
+    assert a.assignments == b.assignments
+    assert a.meta["refine_steps"] == learned.planning()["refine"]
+    assert "heuristic:lp-rounding" not in a.meta["candidates"]
+
+
+def test_a_failing_budget_candidate_is_skipped_but_a_named_one_is_not(learned, monkeypatch):
+    from opsched.errors import OpschedError
+    from opsched.policies import lp_rounding
+
+    def broken(self, graph, machine, model=None):
+        raise OpschedError("LP solver gave up")
+
+    monkeypatch.setattr(lp_rounding.LPRounding, "plan", broken)
+    g, m = generate("layered", 30, 5), get_machine("knl-68")
+    plan = learned.plan(g, m)
+    plan.validate(g, m)
+    assert "heuristic:lp-rounding" not in plan.meta["candidates"]
+    with pytest.raises(OpschedError, match="gave up"):
+        learned.plan(g, m, candidates=("heft", "lp-rounding"))
+
+
+def test_a_coarsened_graph_has_no_spare_budget(learned):
+    n = learned.max_nodes + 20
+    assert n < learned.planning()["budget_ops"]
+    g, m = generate("layered", n, 2), get_machine("knl-68")
+    plan = learned.plan(g, m)
+    assert plan.meta["refine_steps"] == learned.planning()["refine"]
+    assert "heuristic:lp-rounding" not in plan.meta["candidates"]
