@@ -20,8 +20,10 @@ make the plan depend on the load):
 
 Costs are in *op units*: the base planning cost of one op (the default
 candidates plus the greedy decoding), so the rule does not depend on how fast
-the planning computer is.  Measured on the 2-core VM
-(``python -m opsched.benchmarks.plan_budget``, docs/bench/plan_budget.md):
+the planning computer is.  Measured on the 2-core VM by timing each part
+alone (the three synthetic families at 25-200 ops on six machines, one core,
+the heuristics' cache cleared; the totals per size that result are in
+``python -m opsched.benchmarks.plan_budget``, docs/bench/plan_budget.md):
 base 0.44-0.54 ms per op on CPU presets and 0.6-0.8 with GPUs, one step
 3-9 us per op (0.006-0.018 units), LP rounding 0.06-0.24 ms per op without
 GPUs and 1.0-2.2 with them.  Graphs at or above ``budget_ops`` get exactly
