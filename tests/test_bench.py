@@ -15,6 +15,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -286,21 +287,27 @@ def test_quick_run_writes_report_results_and_figures(tmp_path: Path) -> None:
     assert not (out / "fidelity.png").exists() and "](fidelity.png)" not in report
 
 
+def _main_unpinned(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """``main(argv)`` of a benchmark that pins its process to one core, the
+    suite's CPUs given back after."""
+    import os
+
+    cpus = os.sched_getaffinity(0)
+    try:
+        return main(argv)
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
 def test_plan_search_and_teacher_cpsat_write_their_figures(tmp_path: Path) -> None:
     """The two benchmarks behind the planning defaults write JSON and markdown
     with a row per configuration they compared."""
     import json
 
     pytest.importorskip("ortools")
-    import os
-
     from opsched.benchmarks import plan_search, teacher_cpsat
 
-    cpus = os.sched_getaffinity(0)
-    try:  # the benchmark pins its process to one core: give the rest of the suite its CPUs back
-        assert plan_search.main(["--quick", "--out", str(tmp_path)]) == 0
-    finally:
-        os.sched_setaffinity(0, cpus)
+    assert _main_unpinned(plan_search.main, ["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "plan_search.json").read_text())
     assert set(res["configs"]) == {plan_search._key(*c) for c in plan_search.QUICK_GRID}
     assert all(c["median_ms"] > 0 and c["gmean"] > 0 for c in res["configs"].values())
@@ -333,17 +340,12 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
     """The benchmark behind the default ``fill`` (docs/learning.md): per fill, the
     selection sets' ratios and local-search steps, and planning time per size."""
     import json
-    import os
 
     from opsched.benchmarks import plan_budget
 
     sets = {"validation": [("layered:30:3", "knl-68")], "hard (training pairs)": [("fork_join:26:11", "hard:slow-links:11")]}
     monkeypatch.setattr(plan_budget, "selection_pairs", lambda: sets)
-    cpus = os.sched_getaffinity(0)
-    try:  # the benchmark pins its process to one core: give the rest of the suite its CPUs back
-        assert plan_budget.main(["--quick", "--out", str(tmp_path)]) == 0
-    finally:
-        os.sched_setaffinity(0, cpus)
+    assert _main_unpinned(plan_budget.main, ["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "plan_budget.json").read_text())
     assert set(res["quality"]) == set(sets) and set(res["planning_ms"]) == {"0.0", "0.7"}
     for q in res["quality"].values():

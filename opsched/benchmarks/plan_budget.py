@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import opsched.benchmarks.harness as H
+from opsched.benchmarks.plan_search import TIME_FAMILIES, TIME_MACHINES
 from opsched.timing import geomean, host_record
 
 #: The shares of the spare budget compared (0: the search before this benchmark: exactly ``refine`` steps).
 FILLS: tuple[float, ...] = (0.0, 0.35, 0.7, 1.0)
 SIZES: tuple[int, ...] = (25, 50, 100, 150, 200)
-TIME_FAMILIES = ("layered", "erdos_renyi", "watts_strogatz")
-TIME_MACHINES = ("xeon-8180-2s", "knl-68", "dgx1-4v100", "local")
 
 
 def selection_pairs() -> dict[str, list[tuple[str, str]]]:
@@ -73,24 +72,10 @@ def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]
 def planning_ms(policy: Any, fills: Sequence[float], sizes: Sequence[int], repeats: int,
                 families: Sequence[str] = TIME_FAMILIES) -> dict[str, Any]:
     """Per fill and size, median CPU ms of the default plan over the cases, and the worst case."""
-    from opsched.benchmarks.plan_speed import clocked_plans
-    from opsched.machine import get_machine
-    from opsched.synthetic import generate
-    from opsched.timing import summary
+    from opsched.benchmarks.plan_speed import case_ms
 
-    out: dict[str, Any] = {}
-    for f in fills:
-        by_size = {}
-        for n in sizes:
-            cases = []
-            for fam in families:
-                for mname in TIME_MACHINES:
-                    graph, machine = generate(fam, n, 1000 + n), get_machine(mname)
-                    runs = clocked_plans(lambda g, m=machine, f=f: policy.plan(g, m, fill=f), graph, repeats)
-                    cases.append(summary(runs.cpu_s)["median"] * 1e3)
-            by_size[str(n)] = {"median_ms": statistics.median(cases), "worst_ms": max(cases), "cases": cases}
-        out[str(f)] = by_size
-    return out
+    return {str(f): {str(n): case_ms(lambda g, m, f=f: policy.plan(g, m, fill=f), n, families, TIME_MACHINES, repeats)
+                     for n in sizes} for f in fills}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

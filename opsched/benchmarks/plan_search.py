@@ -25,7 +25,6 @@ grid of them:
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,23 +102,14 @@ def planning_ms(policy: Any, grid: Sequence[tuple[int, int, str]], repeats: int,
                 families: Sequence[str] = TIME_FAMILIES) -> dict[str, Any]:
     """Per configuration, median CPU ms of planning each 200-op case, and the
     median and worst over the cases."""
-    from opsched.benchmarks.plan_speed import clocked_plans
-    from opsched.machine import get_machine
-    from opsched.synthetic import generate
-    from opsched.timing import summary
+    from opsched.benchmarks.plan_speed import case_ms
 
-    cases = [(fam, m) for fam in families for m in TIME_MACHINES]
     out: dict[str, Any] = {}
     for k, r, extra in grid:
-        per_case = []
         names = _candidates(policy, extra)
-        for fam, mname in cases:
-            graph, machine = generate(fam, TARGET_OPS, 1000 + TARGET_OPS), get_machine(mname)
-            runs = clocked_plans(lambda g, m=machine, k=k, r=r, c=names: policy.plan(g, m, samples=k, refine=r,
+        out[_key(k, r, extra)] = case_ms(lambda g, m, k=k, r=r, c=names: policy.plan(g, m, samples=k, refine=r,
                                                                                       candidates=c),
-                                 graph, repeats)
-            per_case.append(summary(runs.cpu_s)["median"] * 1e3)
-        out[_key(k, r, extra)] = {"median_ms": statistics.median(per_case), "worst_ms": max(per_case), "cases": per_case}
+                                         TARGET_OPS, families, TIME_MACHINES, repeats)
     return out
 
 

@@ -44,6 +44,26 @@ def clocked_plans(plan: Callable[[OpGraph], Any], graph: OpGraph, repeats: int) 
     return clocked(plan, repeats, warmup=1, setup=fresh)
 
 
+def case_ms(plan: Callable[[OpGraph, Any], Any], n_ops: int, families: Sequence[str], machines: Sequence[str],
+            repeats: int) -> dict[str, Any]:
+    """Median CPU ms of ``plan(graph, machine)`` on each (family, machine) case of
+    ``n_ops`` ops (:func:`clocked_plans`), and the median and worst over the
+    cases.  Shared by :mod:`opsched.benchmarks.plan_search` and
+    :mod:`opsched.benchmarks.plan_budget`."""
+    import statistics
+
+    from opsched.machine import get_machine
+    from opsched.synthetic import generate
+
+    cases = []
+    for fam in families:
+        for mname in machines:
+            graph, machine = generate(fam, n_ops, 1000 + n_ops), get_machine(mname)
+            runs = clocked_plans(lambda g, m=machine: plan(g, m), graph, repeats)
+            cases.append(summary(runs.cpu_s)["median"] * 1e3)
+    return {"median_ms": statistics.median(cases), "worst_ms": max(cases), "cases": cases}
+
+
 def time_plans(policy: Any, graph: OpGraph, machine: Any, repeats: int) -> dict[str, Any]:
     """Median wall / CPU milliseconds of planning fresh copies of ``graph``, the
     hint heuristics included (:func:`clocked_plans`)."""
