@@ -504,7 +504,7 @@ class ExportedPolicy(Policy):
     def plan(self, graph: OpGraph, machine: Machine, model: Any = None, *, samples: int | None = None,
              candidates: Sequence[str] | None = None, temperature: float | None = None,
              refine: int | None = None, seed: int = 0, prior_scale: float | None = None,
-             fill: float | None = None) -> Plan:
+             fill: float | None = None, large_baselines: bool | None = None) -> Plan:
         """Schedule ``graph`` on ``machine`` and return a Plan for the original graph.
 
         The learned policy decodes the episode greedily and ``samples`` more
@@ -514,7 +514,9 @@ class ExportedPolicy(Policy):
         one); the fastest is then improved by ``refine`` steps of local search
         in the simulator (:mod:`opsched.policies.refine`; a graph smaller than
         the budget graph spends a share ``fill`` of its spare planning time on
-        more steps, and LP rounding joins the default candidates where it fits:
+        more steps, and LP rounding joins the default candidates where it fits,
+        and, with ``large_baselines``, biCPA and LP rounding on a graph larger
+        than the budget graph on a machine without GPUs:
         :func:`opsched.policies.budget.search_budget`) and the fastest plan
         found is returned - its origin in ``plan.meta["chosen"]``, every
         candidate's makespan in ``plan.meta["candidates"]``.  Seeded by
@@ -526,14 +528,14 @@ class ExportedPolicy(Policy):
         with _gc_paused():
             found = self.plan_candidates(graph, machine, model, samples=samples, candidates=candidates,
                                          temperature=temperature, refine=refine, seed=seed, prior_scale=prior_scale,
-                                         fill=fill)
+                                         fill=fill, large_baselines=large_baselines)
         return pick(found)
 
     def plan_candidates(self, graph: OpGraph, machine: Machine, model: Any = None, *,
                         samples: int | None = None, candidates: Sequence[str] | None = None,
                         temperature: float | None = None, refine: int | None = None,
                         seed: int = 0, prior_scale: float | None = None,
-                        fill: float | None = None) -> dict[str, tuple[Plan, float]]:
+                        fill: float | None = None, large_baselines: bool | None = None) -> dict[str, tuple[Plan, float]]:
         """Every plan :meth:`plan` chose from, by origin (``greedy``, ``sample-K``,
         ``heuristic:NAME``, ``refined(...)``), with its makespan under ``model``
         (NaN for the lone greedy plan when nothing else is asked for).
@@ -546,6 +548,9 @@ class ExportedPolicy(Policy):
         refine = int(cfg["refine"] if refine is None else refine)
         scale = float(cfg["prior_scale"] if prior_scale is None else prior_scale)
         fill = float(cfg["fill"] if fill is None else fill)
+        large_baselines = cfg["large_baselines"] if large_baselines is None else large_baselines
+        if not isinstance(large_baselines, (bool, np.bool_)):
+            raise PolicyError(f"policy {self.folder}: large_baselines must be true or false, got {large_baselines!r}")
         if samples < 0 or refine < 0 or not temperature > 0 or not (math.isfinite(scale) and scale >= 0) \
                 or not 0.0 <= fill <= 1.0:
             raise PolicyError(f"policy {self.folder}: samples and refine must be >= 0, temperature > 0, "
@@ -555,7 +560,7 @@ class ExportedPolicy(Policy):
         budget_ops = int(cfg["budget_ops"])
         # a graph the policy coarsens (more ops than max_nodes) costs as much to plan as the budget graph: no spare
         size = len(graph.ops) if len(graph.ops) <= self.max_nodes else max(len(graph.ops), budget_ops)
-        budget = search_budget(max(1, size), bool(machine.gpus), refine, fill, budget_ops)
+        budget = search_budget(max(1, size), bool(machine.gpus), refine, fill, budget_ops, large_baselines)
         refine = budget.steps
         added: tuple[str, ...] = ()  # candidates only the spare budget brought
         if candidates is None:  # the spare budget adds candidates to the default list only, never to a named one
@@ -649,9 +654,14 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: ``budget_ops`` and ``fill``: a graph smaller than ``budget_ops`` ops spends its spare
 #: planning time (:mod:`opsched.policies.budget`): LP rounding as a candidate where it
 #: fits, then ``fill`` of the rest on more local-search steps; chosen on validation
-#: (``python -m opsched.benchmarks.plan_budget``, docs/learning.md).
+#: (``python -m opsched.benchmarks.plan_budget``, docs/learning.md).  ``large_baselines``: a
+#: graph larger than that (a training step) on a machine without GPUs gets biCPA and LP
+#: rounding as candidates too, whatever they cost, so every baseline heuristic is one (the
+#: same benchmark, its 20 large-graph pairs without GPUs: 1.029 -> 0.999x the best
+#: heuristic, median planning 146 -> 320 ms; :mod:`opsched.policies.budget`).
 DEFAULT_PLANNING: dict[str, Any] = {
     "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0, "budget_ops": 200, "fill": 0.7,
+    "large_baselines": True,
 }  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints) plus EXTRA_CANDIDATES
 #: Candidates beyond the hint heuristics: CPA (Radulescu & van Gemund), the
 #: moldable-task baseline, 2.2% better plans on validation for ~11 ms.

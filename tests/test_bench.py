@@ -345,6 +345,8 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
 
     sets = {"validation": [("layered:30:3", "knl-68")], "hard (training pairs)": [("fork_join:26:11", "hard:slow-links:11")]}
     monkeypatch.setattr(plan_budget, "selection_pairs", lambda: sets)
+    large = [("layered:230:3", "xeon-8180-2s"), ("layered:230:3", "dgx1-4v100")]
+    monkeypatch.setattr(plan_budget, "large_pairs", lambda budget_ops: large * 8)  # --quick keeps every 15th
     assert _main_unpinned(plan_budget.main, ["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "plan_budget.json").read_text())
     assert set(res["quality"]) == set(sets) and set(res["planning_ms"]) == {"0.0", "0.7"}
@@ -354,3 +356,10 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
         assert all(r > 0.5 for f in q.values() for r in f["ratios"])
     assert all(v["median_ms"] > 0 for f in res["planning_ms"].values() for v in f.values())
     assert "| 0.7 |" in (tmp_path / "plan_budget.md").read_text()
+    rows = res["large"]["rows"]
+    assert [(r["graph"], r["machine"]) for r in rows] == large
+    cpu, gpu = rows
+    assert 0.5 < cpu["True"]["ratio"] <= 1 + 1e-9 and cpu["False"]["ms"] > 0  # every baseline a candidate
+    assert gpu["True"]["ratio"] == gpu["False"]["ratio"]  # no LP rounding on a machine with GPUs: the same plan
+    assert set(res["large"]) == {"rows", "cpu-only", "with GPUs", "all"}
+    assert "| cpu-only | 1 |" in (tmp_path / "plan_budget.md").read_text()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from opsched.backends.sim import SimBackend
 from opsched.machine import get_machine
 from opsched.policies import load
-from opsched.policies.budget import BUDGET_EXTRA, LP_COST, MAX_STEPS, search_budget
+from opsched.policies.budget import BUDGET_EXTRA, LARGE_EXTRA, LP_COST, MAX_STEPS, search_budget
 from opsched.policies.exported import pretrained_path
 from opsched.synthetic import generate
 
@@ -29,6 +29,18 @@ def test_the_budget_only_adds_and_only_below_the_budget_graph(n, gpu, refine, fi
     bigger = search_budget(n + 1, gpu, refine, fill, budget_ops)
     if bigger.extra == b.extra:
         assert bigger.steps <= b.steps  # a bigger graph never gets more search
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), gpu=st.booleans(), refine=st.integers(0, 50), fill=st.floats(0.0, 1.0),
+       budget_ops=st.sampled_from([0, 50, 200]))
+def test_large_baselines_adds_candidates_only_to_large_graphs_without_gpus(n, gpu, refine, fill, budget_ops):
+    small = search_budget(n, gpu, refine, fill, budget_ops)
+    large = search_budget(n, gpu, refine, fill, budget_ops, large_baselines=True)
+    if not gpu and 0 < budget_ops < n:
+        assert large.extra == LARGE_EXTRA and large.steps == refine  # no spare steps: only the candidates
+    else:
+        assert large == small  # a graph within the budget, or a machine with GPUs: the rule above alone
 
 
 def test_bad_budget_input_is_refused():
@@ -71,6 +83,26 @@ def test_a_graph_at_the_budget_size_plans_exactly_as_without_it(learned):
     assert a.assignments == b.assignments
     assert a.meta["refine_steps"] == learned.planning()["refine"]
     assert "heuristic:lp-rounding" not in a.meta["candidates"]
+
+
+def test_a_large_graph_on_a_cpu_machine_is_never_slower_than_any_baseline(learned):
+    from opsched.policies.hints import heuristic_plans
+    from opsched.policies.registry import BASELINE, names
+
+    g, m = generate("layered", 260, 3), get_machine("xeon-8180-2s")
+    cpu = learned.plan(g, m)
+    assert {f"heuristic:{h}" for h in LARGE_EXTRA} <= set(cpu.meta["candidates"])
+    assert cpu.meta["refine_steps"] == learned.planning()["refine"]
+    cpu.validate(g, m)
+    mine = SimBackend(m).run(g, cpu).makespan
+    best = min(span for _, span in heuristic_plans(g, m, None, names(BASELINE)).values())
+    assert mine <= best * (1 + 1e-9)  # every baseline heuristic was a candidate
+    off = learned.plan(g, m, large_baselines=False)
+    assert not {f"heuristic:{h}" for h in LARGE_EXTRA} & set(off.meta["candidates"])
+    gpu = learned.plan(g, get_machine("dgx1-4v100"))
+    assert not {f"heuristic:{h}" for h in LARGE_EXTRA} & set(gpu.meta["candidates"])
+    with pytest.raises(Exception, match="large_baselines must be"):
+        learned.plan(g, get_machine("xeon-8180-2s"), large_baselines="yes")
 
 
 def test_a_failing_budget_candidate_is_skipped_but_a_named_one_is_not(learned, monkeypatch):

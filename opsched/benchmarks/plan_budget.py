@@ -14,7 +14,11 @@ measures, per ``fill``:
   test-split benchmarks (``bench/learned.py``, ``bench/hard.py``) report;
 * **planning time** by graph size (25-200 ops, 3 synthetic families x 4
   presets), pinned to one core, BLAS on one thread, the heuristics' cache
-  cleared before every plan: median CPU ms per size and the worst case.
+  cleared before every plan: median CPU ms per size and the worst case;
+* **large graphs** (``large_baselines``, graphs of more than ``budget_ops`` ops:
+  training steps and zoo models of the training and validation splits, on
+  the validation machines): quality and CPU ms per plan with and without
+  biCPA and LP rounding as candidates on machines without GPUs.
 
     python -m opsched.benchmarks.plan_budget          # -> runs/bench/plan_budget.{json,md}
     python -m opsched.benchmarks.plan_budget --quick  # 2 fills, few pairs, 2 sizes
@@ -43,6 +47,58 @@ def selection_pairs() -> dict[str, list[tuple[str, str]]]:
     from opsched.hard import TRAIN_PAIRS
 
     return {"validation": validation_pairs(), "hard (training pairs)": list(TRAIN_PAIRS)}
+
+
+#: Graphs of more than 200 ops the test split never sees (training and validation graphs; filtered by size when run).
+LARGE_GRAPHS: tuple[str, ...] = (
+    "train:zoo:randwire@4x0.5", "train:zoo:lstm@4x0.5", "train:zoo:resnet50@2x0.5:adam", "zoo:inception@1x0.5",
+    "zoo:nasnet@4x1.0", "zoo:randwire@8x1.0", "zoo:lstm@16x1.0", "zoo:nasnet@1x0.5", "zoo:randwire@1x0.5",
+    "zoo:lstm@1x0.5",
+)
+
+
+def large_pairs(budget_ops: int) -> list[tuple[str, str]]:
+    """(graph, machine) pairs of :data:`LARGE_GRAPHS` above ``budget_ops`` ops on the validation machines."""
+    from opsched.agents.splits import TRAIN_GRAPHS, VALIDATION_GRAPHS, VALIDATION_MACHINES
+    from opsched.specs import load_graph
+
+    assert set(LARGE_GRAPHS) <= set(TRAIN_GRAPHS) | set(VALIDATION_GRAPHS)  # never a test graph
+    return [(g, m) for g in LARGE_GRAPHS if len(load_graph(g).ops) > budget_ops for m in VALIDATION_MACHINES]
+
+
+def large_quality(policy: Any, pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """Per ``large_baselines`` setting, the default plan's makespan over the best baseline
+    heuristic's and its CPU ms (heuristics' cache cleared before each plan), by
+    machine kind (with / without GPUs) and over all pairs."""
+    import time
+
+    from opsched.engine.sim import Simulator
+    from opsched.policies.hints import clear_cache, heuristic_plans
+    from opsched.policies.registry import BASELINE, names
+    from opsched.specs import load_graph, load_machine
+
+    rows = []
+    for gspec, mspec in pairs:
+        graph, machine = load_graph(gspec), load_machine(mspec)
+        best = min(span for _, span in heuristic_plans(graph, machine, None, names(BASELINE)).values())
+        sim = Simulator(machine)
+        row: dict[str, Any] = {"graph": gspec, "machine": mspec, "ops": len(graph.ops), "gpus": len(machine.gpus)}
+        for flag in (False, True):
+            clear_cache()
+            t0 = time.process_time()
+            plan = policy.plan(graph, machine, large_baselines=flag)
+            row[str(flag)] = {"ratio": sim.makespan(graph, plan) / best, "ms": (time.process_time() - t0) * 1e3,
+                              "chosen": str(plan.meta["chosen"])}
+        rows.append(row)
+    out: dict[str, Any] = {"rows": rows}
+    for kind, sel in (("cpu-only", [r for r in rows if not r["gpus"]]), ("with GPUs", [r for r in rows if r["gpus"]]),
+                      ("all", rows)):
+        if sel:
+            out[kind] = {str(f): {"pairs": len(sel), "gmean": geomean([r[str(f)]["ratio"] for r in sel]),
+                                  "worst": max(r[str(f)]["ratio"] for r in sel),
+                                  "median_ms": statistics.median(r[str(f)]["ms"] for r in sel),
+                                  "worst_ms": max(r[str(f)]["ms"] for r in sel)} for f in (False, True)}
+    return out
 
 
 def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
@@ -102,11 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _one_blas_thread():
         q = {name: quality(policy, fills, pairs) for name, pairs in sets.items()}
         t = planning_ms(policy, fills, sizes, repeats, TIME_FAMILIES[:1] if args.quick else TIME_FAMILIES)
+        large_set = large_pairs(int(policy.planning()["budget_ops"]))
+        large = large_quality(policy, large_set[::15] if args.quick else large_set)
     default = policy.planning()
     result = {"benchmark": "plan_budget", "policy": str(folder), "pinning": pinned, "host": host_record(),
               "load_before": load0, "repeats": repeats, "default_fill": default["fill"],
               "budget_ops": default["budget_ops"], "refine": default["refine"],
-              "sets": {k: len(v) for k, v in sets.items()}, "quality": q, "planning_ms": t}
+              "sets": {k: len(v) for k, v in sets.items()}, "quality": q, "planning_ms": t, "large": large,
+              "default_large_baselines": default["large_baselines"]}
     set_names = list(sets)
     lines = ["# Spending a small graph's spare planning time (`fill`), chosen on validation", "",
              f"Policy `{folder}`; R = {default['refine']} steps at {default['budget_ops']} ops and above; quality: "
@@ -128,6 +187,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
     lines += ["", "fill 0: exactly R steps and the default candidates (the search before the budget). Target: a "
                   "200-op graph in at most 100 ms (median case); a smaller graph should not take longer.", "",
+              f"## Graphs larger than the budget graph (`large_baselines`, default {default['large_baselines']})", "",
+              f"{len(large['rows'])} pairs: graphs of more than {default['budget_ops']} ops of the training and "
+              "validation splits on the validation machines; makespan over the best baseline heuristic's, CPU ms "
+              "per plan (one core, heuristics' cache cleared). `large_baselines` adds biCPA and LP rounding as "
+              "candidates on machines without GPUs only.", "",
+              "| machines | pairs | without: gmean | worst | median ms | worst ms | with: gmean | worst | "
+              "median ms | worst ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for kind in ("cpu-only", "with GPUs", "all"):
+        if kind in large:
+            a, b = large[kind]["False"], large[kind]["True"]
+            lines.append(f"| {kind} | {a['pairs']} | {a['gmean']:.4f} | {a['worst']:.3f} | {a['median_ms']:.0f} | "
+                         f"{a['worst_ms']:.0f} | {b['gmean']:.4f} | {b['worst']:.3f} | {b['median_ms']:.0f} | "
+                         f"{b['worst_ms']:.0f} |")
+    lines += ["",
               "Command: `python -m opsched.benchmarks.plan_budget" + (" --quick" if args.quick else "") + "`", ""]
     H.save_result(Path(args.out), "plan_budget", result, "\n".join(lines))
     print("\n".join(lines))
