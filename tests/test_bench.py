@@ -347,13 +347,17 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
     monkeypatch.setattr(plan_budget, "selection_pairs", lambda: sets)
     large = [("layered:230:3", "xeon-8180-2s"), ("layered:230:3", "dgx1-4v100")]
     monkeypatch.setattr(plan_budget, "large_pairs", lambda budget_ops: large * 8)  # --quick keeps every 15th
-    assert _main_unpinned(plan_budget.main, ["--quick", "--out", str(tmp_path)]) == 0
+    assert _main_unpinned(plan_budget.main, ["--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "plan_budget.json").read_text())
     assert set(res["quality"]) == set(sets) and set(res["planning_ms"]) == {"0.0", "0.7"}
+    assert res["seeds"] == [0, 1]
     for q in res["quality"].values():
         assert q["0.0"]["steps"] == [res["refine"]]  # fill 0: exactly R steps
         assert q["0.7"]["steps"][0] > res["refine"]  # a 26-30-op graph spends its spare budget
         assert all(r > 0.5 for f in q.values() for r in f["ratios"])
+        for f in q.values():  # one gmean per plan seed; the table's figures are seed 0's
+            assert len(f["seed_gmeans"]) == 2 and f["seed_gmeans"][0] == pytest.approx(f["gmean"])
+    assert "### Plan seeds (2)" in (tmp_path / "plan_budget.md").read_text()
     assert all(v["median_ms"] > 0 for f in res["planning_ms"].values() for v in f.values())
     assert "| 0.7 |" in (tmp_path / "plan_budget.md").read_text()
     rows = res["large"]["rows"]
@@ -363,3 +367,13 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
     assert gpu["True"]["ratio"] == gpu["False"]["ratio"]  # no LP rounding on a machine with GPUs: the same plan
     assert set(res["large"]) == {"rows", "cpu-only", "with GPUs", "all"}
     assert "| cpu-only | 1 |" in (tmp_path / "plan_budget.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--fills", "0,x"], ["--fills", "1.5"]])
+def test_plan_budget_rejects_bad_seeds_and_fills(argv: list[str], tmp_path: Path) -> None:
+    from opsched.benchmarks import plan_budget
+
+    with pytest.raises(SystemExit) as exc:
+        _main_unpinned(plan_budget.main, [*argv, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert not list(tmp_path.iterdir())  # nothing written

@@ -22,6 +22,7 @@ measures, per ``fill``:
 
     python -m opsched.benchmarks.plan_budget          # -> runs/bench/plan_budget.{json,md}
     python -m opsched.benchmarks.plan_budget --quick  # 2 fills, few pairs, 2 sizes
+    python -m opsched.benchmarks.plan_budget --fills 0,0.7,1 --seeds 3  # and the plan seeds' spread
 """
 
 from __future__ import annotations
@@ -101,27 +102,38 @@ def large_quality(policy: Any, pairs: Sequence[tuple[str, str]]) -> dict[str, An
     return out
 
 
-def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]],
+            seeds: Sequence[int] = (0,)) -> dict[str, Any]:
     """Per fill, the default plan's makespan over the best baseline heuristic's
-    (geometric mean, worst, per pair) and the local-search steps it ran."""
+    (geometric mean, worst, per pair) and the local-search steps it ran, for the
+    plan seed ``seeds[0]``; with more ``seeds``, also each seed's geometric mean
+    (``seed_gmeans``): local search draws its moves from the seed, and how far the
+    figure moves with it is the noise any choice made on these pairs has to beat."""
     from opsched.engine.sim import Simulator
     from opsched.policies.hints import heuristic_plans
     from opsched.policies.registry import BASELINE, names
     from opsched.specs import load_graph, load_machine
 
-    out: dict[str, Any] = {str(f): {"ratios": [], "steps": [], "chosen": []} for f in fills}
+    out: dict[str, Any] = {str(f): {"ratios": [], "steps": [], "chosen": [], "seed_ratios": {s: [] for s in seeds}}
+                           for f in fills}
     for gspec, mspec in pairs:
         graph, machine = load_graph(gspec), load_machine(mspec)
         best = min(span for _, span in heuristic_plans(graph, machine, None, names(BASELINE)).values())
         sim = Simulator(machine)
         for f in fills:
-            plan = policy.plan(graph, machine, fill=f)
             row = out[str(f)]
-            row["ratios"].append(sim.makespan(graph, plan) / best)
-            row["steps"].append(int(plan.meta["refine_steps"]))
-            row["chosen"].append(str(plan.meta["chosen"]))
+            for k, seed in enumerate(seeds):
+                plan = policy.plan(graph, machine, fill=f, seed=seed)
+                ratio = sim.makespan(graph, plan) / best
+                row["seed_ratios"][seed].append(ratio)
+                if k == 0:
+                    row["ratios"].append(ratio)
+                    row["steps"].append(int(plan.meta["refine_steps"]))
+                    row["chosen"].append(str(plan.meta["chosen"]))
     for row in out.values():
         row["gmean"], row["worst"] = geomean(row["ratios"]), max(row["ratios"])
+        row["seeds"] = list(seeds)
+        row["seed_gmeans"] = [geomean(r) for r in row.pop("seed_ratios").values()]
     return out
 
 
@@ -145,9 +157,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed plans per case, fill and size")
     ap.add_argument("--quick", action="store_true", help="fills 0 and 0.7, 4 pairs per set, sizes 25 and 200, "
                                                               "one family, 2 repeats")
+    ap.add_argument("--fills", default=None, help="comma-separated fills to compare (default: "
+                                                  + ", ".join(f"{f:g}" for f in FILLS) + ")")
+    ap.add_argument("--seeds", type=int, default=1, help="plan seeds per fill and pair for the quality figures "
+                                                         "(more than 1: each seed's gmean and their spread, the "
+                                                         "noise a choice on these pairs has to beat)")
     ap.add_argument("--out", default=str(H.DEFAULT_OUT), help="output folder")
     args = ap.parse_args(argv)
-    fills = (0.0, 0.7) if args.quick else FILLS
+    if args.seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {args.seeds}")
+    try:
+        chosen_fills = tuple(float(x) for x in args.fills.split(",")) if args.fills else None
+    except ValueError:
+        ap.error(f"--fills must be comma-separated numbers, got {args.fills!r}")
+    if chosen_fills is not None and not all(0.0 <= f <= 1.0 for f in chosen_fills):
+        ap.error(f"--fills must lie in [0, 1], got {args.fills!r}")
+    fills = chosen_fills or ((0.0, 0.7) if args.quick else FILLS)
+    seeds = tuple(range(args.seeds))
     sizes = (25, 200) if args.quick else SIZES
     repeats = 2 if args.quick else args.repeats
     pinned = H.pin_one_core()
@@ -156,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sets = {k: (v[:4] if args.quick else v) for k, v in selection_pairs().items()}
     load0 = host_record()["loadavg"]
     with _one_blas_thread():
-        q = {name: quality(policy, fills, pairs) for name, pairs in sets.items()}
+        q = {name: quality(policy, fills, pairs, seeds) for name, pairs in sets.items()}
         t = planning_ms(policy, fills, sizes, repeats, TIME_FAMILIES[:1] if args.quick else TIME_FAMILIES)
         large_set = large_pairs(int(policy.planning()["budget_ops"]))
         large = large_quality(policy, large_set[::15] if args.quick else large_set)
@@ -164,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"benchmark": "plan_budget", "policy": str(folder), "pinning": pinned, "host": host_record(),
               "load_before": load0, "repeats": repeats, "default_fill": default["fill"],
               "budget_ops": default["budget_ops"], "refine": default["refine"],
-              "sets": {k: len(v) for k, v in sets.items()}, "quality": q, "planning_ms": t, "large": large,
+              "sets": {k: len(v) for k, v in sets.items()}, "seeds": list(seeds), "quality": q, "planning_ms": t, "large": large,
               "default_large_baselines": default["large_baselines"]}
     set_names = list(sets)
     lines = ["# Spending a small graph's spare planning time (`fill`), chosen on validation", "",
@@ -186,7 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells += [f"{t[str(f)][str(n)]['median_ms']:.0f} ({t[str(f)][str(n)]['worst_ms']:.0f})" for n in sizes]
         lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
     lines += ["", "fill 0: exactly R steps and the default candidates (the search before the budget). Target: a "
-                  "200-op graph in at most 100 ms (median case); a smaller graph should not take longer.", "",
+                  "200-op graph in at most 100 ms (median case); a smaller graph should not take longer."]
+    if len(seeds) > 1:
+        lines += ["", f"### Plan seeds ({len(seeds)})", "",
+                  "Local search draws its moves from the plan's seed (`plan(..., seed=)`). The table above is seed "
+                  f"{seeds[0]}; here each fill's geometric mean over the pairs per seed: mean, lowest and highest. "
+                  "A difference between two fills or two search variants smaller than the spread is noise.", "",
+                  "| fill | " + " | ".join(f"{k}: mean | min | max" for k in set_names) + " |",
+                  "|---:|" + "---:|---:|---:|" * len(set_names)]
+        for f in fills:
+            cells = []
+            for k in set_names:
+                g = q[k][str(f)]["seed_gmeans"]
+                cells += [f"{statistics.fmean(g):.4f}", f"{min(g):.4f}", f"{max(g):.4f}"]
+            lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
+    lines += ["",
               f"## Graphs larger than the budget graph (`large_baselines`, default {default['large_baselines']})", "",
               f"{len(large['rows'])} pairs: graphs of more than {default['budget_ops']} ops of the training and "
               "validation splits on the validation machines; makespan over the best baseline heuristic's, CPU ms "
@@ -201,7 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{a['worst_ms']:.0f} | {b['gmean']:.4f} | {b['worst']:.3f} | {b['median_ms']:.0f} | "
                          f"{b['worst_ms']:.0f} |")
     lines += ["",
-              "Command: `python -m opsched.benchmarks.plan_budget" + (" --quick" if args.quick else "") + "`", ""]
+              "Command: `python -m opsched.benchmarks.plan_budget" + (" --quick" if args.quick else "")
+              + (f" --fills {args.fills}" if args.fills else "") + (f" --seeds {args.seeds}" if args.seeds > 1 else "")
+              + "`", ""]
     H.save_result(Path(args.out), "plan_budget", result, "\n".join(lines))
     print("\n".join(lines))
     return 0
