@@ -114,8 +114,7 @@ def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]
     from opsched.policies.registry import BASELINE, names
     from opsched.specs import load_graph, load_machine
 
-    out: dict[str, Any] = {str(f): {"ratios": [], "steps": [], "chosen": [], "seed_ratios": {s: [] for s in seeds}}
-                           for f in fills}
+    out: dict[str, Any] = {str(f): {"steps": [], "chosen": [], "per_seed": [[] for _ in seeds]} for f in fills}
     for gspec, mspec in pairs:
         graph, machine = load_graph(gspec), load_machine(mspec)
         best = min(span for _, span in heuristic_plans(graph, machine, None, names(BASELINE)).values())
@@ -124,16 +123,15 @@ def quality(policy: Any, fills: Sequence[float], pairs: Sequence[tuple[str, str]
             row = out[str(f)]
             for k, seed in enumerate(seeds):
                 plan = policy.plan(graph, machine, fill=f, seed=seed)
-                ratio = sim.makespan(graph, plan) / best
-                row["seed_ratios"][seed].append(ratio)
+                row["per_seed"][k].append(sim.makespan(graph, plan) / best)
                 if k == 0:
-                    row["ratios"].append(ratio)
                     row["steps"].append(int(plan.meta["refine_steps"]))
                     row["chosen"].append(str(plan.meta["chosen"]))
     for row in out.values():
+        per_seed = row.pop("per_seed")
+        row["ratios"] = per_seed[0]
         row["gmean"], row["worst"] = geomean(row["ratios"]), max(row["ratios"])
-        row["seeds"] = list(seeds)
-        row["seed_gmeans"] = [geomean(r) for r in row.pop("seed_ratios").values()]
+        row["seed_gmeans"] = [geomean(r) for r in per_seed]
     return out
 
 
@@ -190,8 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"benchmark": "plan_budget", "policy": str(folder), "pinning": pinned, "host": host_record(),
               "load_before": load0, "repeats": repeats, "default_fill": default["fill"],
               "budget_ops": default["budget_ops"], "refine": default["refine"],
-              "sets": {k: len(v) for k, v in sets.items()}, "seeds": list(seeds), "quality": q, "planning_ms": t, "large": large,
-              "default_large_baselines": default["large_baselines"]}
+              "sets": {k: len(v) for k, v in sets.items()}, "seeds": list(seeds), "quality": q, "planning_ms": t,
+              "large": large, "default_large_baselines": default["large_baselines"]}
     set_names = list(sets)
     lines = ["# Spending a small graph's spare planning time (`fill`), chosen on validation", "",
              f"Policy `{folder}`; R = {default['refine']} steps at {default['budget_ops']} ops and above; quality: "
