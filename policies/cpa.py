@@ -33,7 +33,7 @@ from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy, build_plan
 from opsched.policies.moldable import Problem, cpu_problem, list_plan, longest_paths, placements, simulate
-from opsched.policies.registry import BASELINE, register
+from opsched.policies.registry import BASELINE, HINT, register
 
 
 def next_level(problem: Problem, i: int, a: int, cap: int) -> int | None:
@@ -111,7 +111,7 @@ def moldable_plan(graph: OpGraph, machine: Machine, model: PerfModel | None, nam
     return best[1], spans
 
 
-@register("cpa", roles=(BASELINE,), order=7)
+@register("cpa", roles=(BASELINE, HINT), order=7)
 class CPA(Policy):
     """Radulescu and van Gemund's CPA (see the module docstring)."""
 

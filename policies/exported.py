@@ -72,7 +72,7 @@ from opsched.engine.layout import (
     STATIC_FEATURES,
     ActionLayout,
 )
-from opsched.engine.observe import check_machine, prepare_episode
+from opsched.engine.observe import attach_hint, check_machine, prepare_episode
 from opsched.errors import GraphError, MachineError, OpschedError, PolicyError
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
@@ -266,6 +266,27 @@ def _fail(where: Path, problem: str) -> PolicyError:
     return PolicyError(f"{where}: {problem}")
 
 
+def _check_hints(f: Path, hints: Any) -> None:
+    """A policy's hint set must be distinct registered baseline heuristics.
+
+    *Decision*: a policy plans with the hint set it was trained with (its
+    ``hint_heuristics``, :attr:`ExportedPolicy.hints`), not with this
+    opsched's current ``hint`` role, so adding a heuristic to that role (CPA
+    joined it in issue 23) leaves every older export loadable and planning as
+    it was trained.  Only a name this opsched cannot plan with is refused."""
+    from opsched.policies.registry import BASELINE, names
+
+    known = names(BASELINE)
+    if (not isinstance(hints, list) or not hints or not all(isinstance(h, str) for h in hints)
+            or len(set(hints)) != len(hints)):
+        raise _fail(f, f"{HINTS_KEY} must be a non-empty list of distinct heuristic names, not {hints!r}")
+    unknown = [h for h in hints if h not in known]
+    if unknown:
+        raise _fail(f, f"made with hint heuristics this opsched does not have: {unknown} (its observation's hint "
+                       f"is the best plan of {hints}; this opsched's baseline heuristics are {list(known)}); "
+                       "use the opsched it was made with, or retrain and export the policy with this one")
+
+
 def _read_meta(f: Path) -> dict[str, Any]:
     try:
         size = f.stat().st_size
@@ -312,11 +333,7 @@ def _read_meta(f: Path) -> dict[str, Any]:
         if obs.get(key) != mine[key]:
             raise _fail(f, f"made for another observation layout: its {key} are {obs.get(key)!r}, this opsched's "
                            f"environment has {mine[key]!r}; retrain or use a matching opsched")
-    hints = obs.get(HINTS_KEY, list(LEGACY_HINTS))
-    if hints != mine[HINTS_KEY]:
-        raise _fail(f, f"made with other hint heuristics: its observation's hint is the best plan of {hints}, "
-                       f"this opsched's hint heuristics are {mine[HINTS_KEY]} (the registry's 'hint' role); "
-                       "retrain and export the policy with this opsched, or use the opsched it was made with")
+    _check_hints(f, obs.get(HINTS_KEY, list(LEGACY_HINTS)))
     if type(obs.get(HINT_PLAN_KEY, True)) is not bool:
         raise _fail(f, f"{HINT_PLAN_KEY} must be true or false, not {obs[HINT_PLAN_KEY]!r}")
     expected = {k: list(v) for k, v in array_shapes(hidden, rounds, levels).items()}
@@ -468,7 +485,8 @@ class ExportedPolicy(Policy):
         self.max_graph_ops = int(meta["machines"]["max_graph_ops"])
         self.gpus = bool(meta["machines"].get("gpus", True))
         self.layout = ActionLayout(self.max_nodes)
-        #: The heuristics whose best plan is this policy's hint (checked against the registry at load).
+        #: The heuristics whose best plan is this policy's hint: those it was trained with (each a registered
+        #: baseline, checked at load), which may differ from this opsched's current ``hint`` role.
         self.hints: tuple[str, ...] = tuple(meta["observation"].get(HINTS_KEY, LEGACY_HINTS))
         #: Whether their best plan fills the observation's ``hint_*`` columns (else they are 0).
         self.hint_plan = bool(meta["observation"].get(HINT_PLAN_KEY, True))
@@ -567,16 +585,16 @@ class ExportedPolicy(Policy):
             added = tuple(x for x in budget.extra if x not in names)
             names = (*names, *added)
         from opsched.engine.sim import Simulator
-        from opsched.policies.hints import heuristic_plans
+        from opsched.policies.hints import heuristic_plans, slot_hint
         from opsched.policies.registry import entry
 
         heuristics = heuristic_plans(graph, machine, model, self.hints)  # the hint, and the default candidates
-        best = min(heuristics, key=lambda k: heuristics[k][1])
-        hint = heuristics[best][0] if self.hint_plan else None  # None: the hint_* columns are 0, as in training
         try:
-            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges, hint)
+            data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
+        if self.hint_plan:  # else the hint_* columns are 0, as in training
+            attach_hint(data, slot_hint(data, heuristics, model)[1])
         with _one_blas_thread():
             plans = {"greedy": decode(self, data, prior_scale=scale)}
             for k in range(samples):
@@ -664,7 +682,9 @@ DEFAULT_PLANNING: dict[str, Any] = {
     "large_baselines": True,
 }  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints) plus EXTRA_CANDIDATES
 #: Candidates beyond the hint heuristics: CPA (Radulescu & van Gemund), the
-#: moldable-task baseline, 2.2% better plans on validation for ~11 ms.
+#: moldable-task baseline, 2.2% better plans on validation for ~11 ms.  A hint
+#: heuristic itself since issue 23 (the shipped policy's hints hold it); kept
+#: for exports made before, whose hint sets lack it.
 EXTRA_CANDIDATES: tuple[str, ...] = ("cpa",)
 
 

@@ -17,9 +17,9 @@ Roles say what a policy is used for, and every consumer reads them here:
 * :data:`HINT` -- its plans are the learned policy's observation hint (the
   best of them, ``hint_*`` columns) and its default plan-time candidates.  The
   set is part of an exported policy's observation: ``policy.json`` records it
-  and :func:`opsched.policies.exported.load` refuses a policy exported with
-  another set, so adding a hint heuristic never silently changes what a
-  shipped policy sees;
+  and the loaded policy plans with the set it was trained with
+  (:attr:`opsched.policies.exported.ExportedPolicy.hints`), so adding a hint
+  heuristic never silently changes what an exported policy sees;
 * :data:`TEACHER` -- imitation learning copies the fastest of them per pair;
 * :data:`CONTROL` -- a sanity reference that is in ``all`` but is neither a
   baseline to beat nor a teacher (the random plan).

@@ -325,7 +325,7 @@ def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeyp
     from opsched.benchmarks import hint_choice
 
     pairs = hint_choice.pairs_of("val", None)[:2]
-    monkeypatch.setattr(hint_choice, "pairs_of", lambda split, group: pairs)
+    monkeypatch.setattr(hint_choice, "pairs_of", lambda split, group, max_nodes=128: pairs)
     assert hint_choice.main(["--split", "val", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "hint_choice_val.json").read_text())
     assert len(res["rows"]) == 2 and set(res["summary"]) == {"validation", "all"}
@@ -334,6 +334,24 @@ def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeyp
         assert row["orig+cpa_hint"] in ("cpa", row["orig_hint"])  # adding CPA can only make CPA the best
     assert res["summary"]["all"]["orig"]["gmean"] == pytest.approx(
         geomean(r["orig"] for r in res["rows"]))
+
+
+def test_hint_cost_times_both_hint_rules_and_restores_the_shipped_one(tmp_path: Path, monkeypatch) -> None:
+    """``hint_choice --cost``: slot_hint's planning time against the fastest plan as the hint."""
+    import json
+
+    from opsched.benchmarks import harness, hint_choice
+    from opsched.policies import hints
+
+    monkeypatch.setattr(harness, "pin_one_core", lambda: "not pinned (test)")
+    monkeypatch.setattr(hint_choice, "COST_CASES", (("layered:30:1", "knl-68"),))
+    shipped = hints.slot_hint
+    assert hint_choice.main(["--cost", "--out", str(tmp_path)]) == 0
+    assert hints.slot_hint is shipped
+    res = json.loads((tmp_path / "hint_cost.json").read_text())
+    assert set(res["cases"]) == {"layered:30:1@knl-68"} and res["repeats"] == 7
+    assert all(v > 0 for v in res["median_ms"].values())
+    assert res["ratio"] == pytest.approx(res["median_ms"]["slot_hint"] / res["median_ms"]["fastest"])
 
 
 def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monkeypatch) -> None:

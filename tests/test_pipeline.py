@@ -148,11 +148,30 @@ def _policy_copy(tmp_path: Path, edit) -> Path:
     return folder
 
 
-def test_a_policy_exported_with_another_hint_set_is_refused(tmp_path):
+def test_a_policy_plans_with_the_hint_set_it_was_exported_with(tmp_path):
+    """Its hint is the best plan of its own set, not of this opsched's current hint role."""
+    from opsched.machine import get_machine
+    from opsched.policies.hints import best_heuristic
+    from opsched.synthetic import layered
+
     folder = _policy_copy(tmp_path, lambda m: m["observation"].__setitem__(HINTS_KEY, ["sequential", "heft"]))
-    with pytest.raises(PolicyError, match="other hint heuristics"):
-        load(folder)
+    policy = load(folder)
+    assert policy.hints == ("sequential", "heft")
     assert load(pretrained_path()).hints == tuple(load(pretrained_path()).meta["observation"][HINTS_KEY])
+    graph, machine = layered(30, seed=3), get_machine("cpu:8:90:40")
+    plans = policy.plan_candidates(graph, machine)
+    assert {k for k in plans if k.startswith("heuristic:")} >= {"heuristic:sequential", "heuristic:heft"}
+    assert "heuristic:maestro" not in plans  # not in its set, nor a default extra
+    assert best_heuristic(graph, machine, names=policy.hints)[0] in policy.hints
+
+
+@pytest.mark.parametrize("hints, match", [(["sequential", "no-such-heuristic"], "does not have"),
+                                          (["search"], "does not have"), ([], "non-empty"),
+                                          (["heft", "heft"], "distinct"), ("heft", "list")])
+def test_a_policy_naming_hint_heuristics_this_opsched_lacks_is_refused(tmp_path, hints, match):
+    folder = _policy_copy(tmp_path, lambda m: m["observation"].__setitem__(HINTS_KEY, hints))
+    with pytest.raises(PolicyError, match=match):
+        load(folder)
 
 
 def test_a_truncated_policy_is_reported_before_any_import(tmp_path, monkeypatch, capsys):

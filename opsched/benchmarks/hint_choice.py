@@ -6,16 +6,25 @@ of every baseline heuristic's makespan for that pair (under the planning
 model a user has there: analytic on presets, profiled on ``local``):
 
 * ``orig``: the hint heuristic whose plan is fastest on the original graph
-  (what training and the shipped scheduler use);
+  (what training and the scheduler used before ``slot``);
 * ``proj``: the hint heuristic whose plan, projected onto the episode's
-  (possibly coarsened) slots, is fastest there;
-* ``orig+cpa`` / ``proj+cpa``: the same with CPA's plan among the hints.
+  (possibly coarsened) slots, is fastest in the coarse replay;
+* ``slot``: the hint heuristic whose projection, expanded back and simulated
+  on the original graph, is fastest (:func:`opsched.policies.hints.slot_hint`:
+  what training and the shipped scheduler use now);
+* ``orig+cpa`` / ``proj+cpa`` / ``slot+cpa``: the same with CPA's plan among
+  the hints (the same figures for a policy whose hints hold CPA already, as
+  the shipped one's do).
 
-Measured (issue 23, docs/learning.md): CPA helps the CPU presets and hurts
-the training steps; neither variant was adopted.
+Measured (issue 23, docs/learning.md): with the old hint set, CPA helped the
+CPU presets and hurt the training steps, because on a coarsened graph the
+fastest plan is not the one the greedy decoding can follow; ``slot`` chooses
+the one it can, and the shipped policy was retrained with CPA and ``slot``.
 
     python -m opsched.benchmarks.hint_choice --split val            # -> runs/bench/hint_choice_val.json
     python -m opsched.benchmarks.hint_choice --split test --group step
+    python -m opsched.benchmarks.hint_choice --split train-coarse   # training graphs of > 128 ops
+    python -m opsched.benchmarks.hint_choice --cost                 # slot_hint's planning time
 """
 
 from __future__ import annotations
@@ -29,15 +38,30 @@ from typing import Any
 
 from opsched.timing import geomean
 
-VARIANTS = ("orig", "proj", "orig+cpa", "proj+cpa")
+VARIANTS = ("orig", "proj", "slot", "orig+cpa", "proj+cpa", "slot+cpa")
 
 
-def pairs_of(split: str, group: str | None) -> list[tuple[str, str, str]]:
-    """(group, graph spec, machine spec) of the split, optionally one group of the test split."""
+#: Training machines the ``train-coarse`` selection set runs its graphs on.
+COARSE_MACHINES = 6
+
+
+def pairs_of(split: str, group: str | None, max_nodes: int = 128) -> list[tuple[str, str, str]]:
+    """(group, graph spec, machine spec) of the split, optionally one group of the test split.
+    ``train-coarse``: the training split's graphs of more than ``max_nodes`` ops (the ones the
+    policy coarsens) on its first :data:`COARSE_MACHINES` machines, a selection set for the
+    hint of coarsened graphs that the test split never holds (validation has few such graphs)."""
+    from opsched.agents import splits
     from opsched.benchmarks.learned import test_pairs
     from opsched.benchmarks.plan_search import validation_pairs
+    from opsched.specs import load_graph
 
-    pairs = test_pairs() if split == "test" else [("validation", g, m) for g, m in validation_pairs()]
+    if split == "test":
+        pairs = test_pairs()
+    elif split == "train-coarse":
+        big = [g for g in splits.TRAIN_GRAPHS if len(load_graph(g).ops) > max_nodes]
+        pairs = [("train-coarse", g, m) for g in big for m in splits.TRAIN_MACHINES[:COARSE_MACHINES]]
+    else:
+        pairs = [("validation", g, m) for g, m in validation_pairs()]
     return [p for p in pairs if group is None or p[0] == group]
 
 
@@ -48,7 +72,7 @@ def greedy_ratios(policy: Any, pairs: Sequence[tuple[str, str, str]]) -> list[di
     from opsched.engine.observe import prepare_episode
     from opsched.engine.slots import from_plan, makespan
     from opsched.policies.exported import decode
-    from opsched.policies.hints import heuristic_plans
+    from opsched.policies.hints import heuristic_plans, slot_hint
     from opsched.policies.registry import BASELINE, names
     from opsched.specs import load_graph, load_machine
 
@@ -66,7 +90,8 @@ def greedy_ratios(policy: Any, pairs: Sequence[tuple[str, str, str]]) -> list[di
         for tag, hints in (("", tuple(policy.hints)), ("+cpa", (*policy.hints, "cpa"))):
             heur = {name: every[name] for name in hints}  # each heuristic planned once per pair
             chosen = {"orig": min(heur, key=lambda k: heur[k][1]),
-                      "proj": min(heur, key=lambda k: makespan(bare, from_plan(bare, heur[k][0])))}
+                      "proj": min(heur, key=lambda k: makespan(bare, from_plan(bare, heur[k][0]))),
+                      "slot": slot_hint(bare, heur, model)[0]}
             for how, name in chosen.items():
                 data = prepare_episode(graph, machine, model, policy.max_nodes, policy.max_edges, heur[name][0])
                 row[how + tag] = float(sim.run(graph, decode(policy, data)).makespan) / best
@@ -85,6 +110,50 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: The 200-op planning cases of the planning-time target (those of ``bench/learned.py``).
+COST_CASES = tuple((g, m) for g in ("layered:200:911", "erdos_renyi:200:912", "watts_strogatz:200:913")
+                   for m in ("knl-68", "dgx1-4v100"))
+
+
+def hint_cost(policy: Any, repeats: int = 7, cases: Sequence[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """What :func:`~opsched.policies.hints.slot_hint` costs at plan time: median CPU ms of
+    the default search per case with it and with the fastest plan as the hint instead,
+    the two interleaved (alternating which goes first) in one process on one core, the
+    heuristics' cache cleared before each plan (they are part of its cost)."""
+    import os
+    import statistics
+
+    from opsched.benchmarks.harness import pin_one_core
+    from opsched.machine import get_machine
+    from opsched.policies import hints
+    from opsched.specs import load_graph
+
+    def fastest(data: Any, plans: Any, model: Any = None) -> tuple[str, Any]:
+        name = min(plans, key=lambda k: plans[k][1])
+        return name, plans[name][0]
+
+    rules = {"slot_hint": hints.slot_hint, "fastest": fastest}
+    pinned, load0, out = pin_one_core(), os.getloadavg(), {}
+    try:
+        for gspec, mspec in COST_CASES if cases is None else cases:
+            g, m = load_graph(gspec), get_machine(mspec)
+            policy.plan(g, m)  # warm: time tables
+            ts: dict[str, list[float]] = {k: [] for k in rules}
+            for r in range(repeats):
+                for tag in (list(rules) if r % 2 else list(rules)[::-1]):
+                    hints.slot_hint = rules[tag]
+                    hints.clear_cache()
+                    t0 = time.process_time()
+                    policy.plan(g, m, seed=r)
+                    ts[tag].append(time.process_time() - t0)
+            out[f"{gspec}@{mspec}"] = {k: 1e3 * statistics.median(v) for k, v in ts.items()}
+    finally:
+        hints.slot_hint = rules["slot_hint"]
+    med = {k: statistics.median(c[k] for c in out.values()) for k in rules}
+    return {"cases": out, "median_ms": med, "ratio": med["slot_hint"] / med["fastest"], "repeats": repeats,
+            "pinned": pinned, "load_start": load0, "load_end": os.getloadavg()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from opsched.benchmarks.harness import doc_summary
     from opsched.io import atomic_write_text
@@ -93,14 +162,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.hint_choice",
                                  description=doc_summary(__doc__, paragraph=True))
-    ap.add_argument("--split", choices=("val", "test"), default="val")
+    ap.add_argument("--split", choices=("val", "test", "train-coarse"), default="val",
+                    help="validation, the test split, or the training split's coarsened graphs")
     ap.add_argument("--group", default=None, help="test split only: cpu, gpu, local, placement or step")
     ap.add_argument("--policy", default=None, help="exported policy folder (default: the shipped one)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
+    ap.add_argument("--cost", action="store_true",
+                    help="instead: planning time of a 200-op graph with and without slot_hint -> hint_cost.json")
     args = ap.parse_args(argv)
     policy = load(args.policy or pretrained_path())
+    if args.cost:
+        cost = hint_cost(policy)
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out / "hint_cost.json", json.dumps({"policy": str(policy.folder), **cost}, indent=1) + "\n")
+        print(f"median ms: slot_hint {cost['median_ms']['slot_hint']:.1f}, fastest plan as hint "
+              f"{cost['median_ms']['fastest']:.1f} (x{cost['ratio']:.3f}) -> {args.out / 'hint_cost.json'}")
+        return 0
     t0 = time.perf_counter()
-    rows = greedy_ratios(policy, pairs_of(args.split, args.group))
+    rows = greedy_ratios(policy, pairs_of(args.split, args.group, policy.max_nodes))
     res = {"split": args.split, "group": args.group, "policy": str(policy.folder), "rows": rows,
            "summary": summarise(rows), "seconds": time.perf_counter() - t0}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -154,16 +154,25 @@ def prepare_episode(graph: OpGraph, machine: Machine, model: Any, max_nodes: int
         log_nodes=min(math.log2(max(n, 1)) / 10.0, 1.0),
     )
     if hint is not None:
-        from opsched.engine.slots import from_plan
-
-        sp = from_plan(data, hint, hint.policy)
-        node_static[:n, _S["hint_device"]] = (np.asarray(sp.device) + 1.0) / MAX_DEVICES
-        node_static[:n, _S["hint_level"]] = (np.asarray(sp.level) + 1.0) / MAX_LEVELS
-        node_static[:n, _S["hint_threads"]] = [static.levels[d][lv] / static.caps[d]
-                                               for d, lv in zip(sp.device, sp.level, strict=True)]
-        node_static[:n, _S["hint_order"]] = 1.0 - np.asarray(sp.rank, float) / n
-        data.hint_after = tuple(tuple(deps) for deps in sp.after)
+        attach_hint(data, hint)
     return data
+
+
+def attach_hint(data: EpisodeData, hint: Plan) -> None:
+    """Read ``hint`` (a Plan for ``data.graph``), projected onto the episode's
+    slots, into the ``hint_*`` columns of ``data.node_static`` and
+    ``data.hint_after`` (the hint of :func:`prepare_episode`, for callers that
+    choose it from the episode: :func:`opsched.policies.hints.slot_hint`)."""
+    from opsched.engine.slots import from_plan
+
+    static, n, node_static = data.static, data.static.n, data.node_static
+    sp = from_plan(data, hint, hint.policy)
+    node_static[:n, _S["hint_device"]] = (np.asarray(sp.device) + 1.0) / MAX_DEVICES
+    node_static[:n, _S["hint_level"]] = (np.asarray(sp.level) + 1.0) / MAX_LEVELS
+    node_static[:n, _S["hint_threads"]] = [static.levels[d][lv] / static.caps[d]
+                                           for d, lv in zip(sp.device, sp.level, strict=True)]
+    node_static[:n, _S["hint_order"]] = 1.0 - np.asarray(sp.rank, float) / n
+    data.hint_after = tuple(tuple(deps) for deps in sp.after)
 
 
 def _log_link(machine: Machine, a: str, others: Sequence[str]) -> float:
