@@ -97,16 +97,9 @@ def test_a_run_without_the_hint_trains_validates_exports_and_plans_without_it(tm
 
 
 def test_an_export_without_the_entry_plans_with_the_hint(tmp_path, monkeypatch):
-    """The shipped policy (written before the entry) and an edited copy: hint_plan is true; a bad value is refused."""
+    """An export written before the entry (the shipped one, with it removed) plans with the
+    hint; true and false load as such, and a bad value is refused."""
     import opsched.policies.exported as exported
-
-    shipped = load(pretrained_path())
-    assert HINT_PLAN_KEY not in shipped.meta["observation"] and shipped.hint_plan is True
-    hints: list[object] = []
-    real = exported.prepare_episode
-    monkeypatch.setattr(exported, "prepare_episode", lambda *a, **k: hints.append(a[5]) or real(*a, **k))
-    shipped.plan(generate("layered", 20, 4), get_machine("knl-68"), samples=0, candidates=(), refine=0)
-    assert len(hints) == 1 and hints[0] is not None
 
     folder = tmp_path / "p"
     folder.mkdir()
@@ -116,12 +109,25 @@ def test_an_export_without_the_entry_plans_with_the_hint(tmp_path, monkeypatch):
 
     def write(value: object) -> None:
         meta = json.loads((pretrained_path() / "policy.json").read_text())
-        meta["observation"][HINT_PLAN_KEY] = value
+        meta["observation"].pop(HINT_PLAN_KEY, None)
+        if value is not None:
+            meta["observation"][HINT_PLAN_KEY] = value
         meta[DIGEST_KEY] = meta_digest({k: v for k, v in meta.items() if k != DIGEST_KEY})
         (folder / "policy.json").write_text(json.dumps(meta))
 
+    hints: list[object] = []
+    real = exported.attach_hint
+    monkeypatch.setattr(exported, "attach_hint", lambda data, plan: hints.append(plan) or real(data, plan))
+    g, m = generate("layered", 20, 4), get_machine("knl-68")
+    write(None)
+    old = load(folder)
+    assert HINT_PLAN_KEY not in old.meta["observation"] and old.hint_plan is True
+    old.plan(g, m, samples=0, candidates=(), refine=0)
+    assert len(hints) == 1 and hints[0] is not None
     write(False)
     assert load(folder).hint_plan is False
+    load(folder).plan(g, m, samples=0, candidates=(), refine=0)
+    assert len(hints) == 1  # no hint read into the observation
     write(True)
     assert load(folder).hint_plan is True
     write("no")
