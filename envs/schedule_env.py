@@ -314,12 +314,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     def _episode(self, graph: OpGraph, machine: Machine) -> EpisodeData:
         def make() -> EpisodeData:
-            from opsched.engine.observe import attach_hint
-            from opsched.policies.hints import heuristic_plans, slot_hint
+            from opsched.policies.hints import attach_slot_hint, heuristic_plans
 
             data = prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges)
             if self.hint_plan:  # the observation's hint_* columns (all 0 without the hint)
-                attach_hint(data, slot_hint(data, heuristic_plans(graph, machine, self.model), self.model)[1])
+                attach_slot_hint(data, heuristic_plans(graph, machine, self.model), self.model)
             return data
 
         return self._cache.get_or_make((id(graph), id(machine)), make, graph, machine)

@@ -72,7 +72,7 @@ from opsched.engine.layout import (
     STATIC_FEATURES,
     ActionLayout,
 )
-from opsched.engine.observe import attach_hint, check_machine, prepare_episode
+from opsched.engine.observe import check_machine, prepare_episode
 from opsched.errors import GraphError, MachineError, OpschedError, PolicyError
 from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
@@ -585,7 +585,7 @@ class ExportedPolicy(Policy):
             added = tuple(x for x in budget.extra if x not in names)
             names = (*names, *added)
         from opsched.engine.sim import Simulator
-        from opsched.policies.hints import heuristic_plans, slot_hint
+        from opsched.policies.hints import attach_slot_hint, heuristic_plans
         from opsched.policies.registry import entry
 
         heuristics = heuristic_plans(graph, machine, model, self.hints)  # the hint, and the default candidates
@@ -594,7 +594,7 @@ class ExportedPolicy(Policy):
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
         if self.hint_plan:  # else the hint_* columns are 0, as in training
-            attach_hint(data, slot_hint(data, heuristics, model)[1])
+            attach_slot_hint(data, heuristics, model)
         with _one_blas_thread():
             plans = {"greedy": decode(self, data, prior_scale=scale)}
             for k in range(samples):

@@ -70,7 +70,7 @@ def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = N
     So each plan's projection is expanded and simulated on ``data.graph``,
     fastest plans first, stopping at the first plan whose own makespan is no
     faster than the best projection so far (a projection seldom beats its
-    plan: the bound costs 2-3 simulations instead of one per heuristic).
+    plan: the bound costs 1-3 simulations instead of one per heuristic).
     Ties keep ``plans``' order, the registry's.  ``plans``: name -> (Plan,
     makespan on ``data.graph`` under ``model``), :func:`heuristic_plans`."""
     if not plans:
@@ -96,6 +96,18 @@ def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = N
     return best, plans[best][0]
 
 
+def attach_slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = None) -> str:
+    """Read the episode's hint (:func:`slot_hint` of ``plans``) into ``data``'s ``hint_*``
+    columns (:func:`opsched.engine.observe.attach_hint`) and return its name.  The one
+    place an episode gets its hint: training's environment and the exported scheduler
+    both call it, so they see the same observation."""
+    from opsched.engine.observe import attach_hint
+
+    name, plan = slot_hint(data, plans, model)
+    attach_hint(data, plan)
+    return name
+
+
 def clear_cache() -> None:
     """Forget every heuristic plan computed so far (benchmarks that time
     planning from scratch: the heuristics are part of a first plan's cost)."""
@@ -110,4 +122,4 @@ def best_heuristic(graph: OpGraph, machine: Machine, model: Any = None,
     return name, plans[name][0], plans[name][1]
 
 
-__all__ = ["best_heuristic", "clear_cache", "heuristic_plans", "hint_names", "slot_hint"]
+__all__ = ["attach_slot_hint", "best_heuristic", "clear_cache", "heuristic_plans", "hint_names", "slot_hint"]

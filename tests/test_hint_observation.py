@@ -68,12 +68,13 @@ def yaml_round_trip(cfg: TrainConfig) -> dict:
 def test_a_run_without_the_hint_trains_validates_exports_and_plans_without_it(tmp_path, monkeypatch):
     """Every episode of a tiny run (warm start, expert iteration, PPO, validation) and every plan of its
     exported policy is prepared with hint=None; the export says so and its greedy plan is valid."""
+    import opsched.engine.observe as observe
     import opsched.envs.schedule_env as schedule_env
     import opsched.policies.exported as exported
     from opsched.agents.train import train
 
     monkeypatch.setenv("OPSCHED_CACHE", str(tmp_path / "cache"))
-    hints: list[object] = []
+    hints: list[object] = []  # per prepared episode, the hint it was given; then every hint read in later
 
     def recording(real):
         def prepare(*args, **kwargs):
@@ -81,6 +82,8 @@ def test_a_run_without_the_hint_trains_validates_exports_and_plans_without_it(tm
             return real(*args, **kwargs)
         return prepare
 
+    real_attach = observe.attach_hint
+    monkeypatch.setattr(observe, "attach_hint", lambda data, plan: hints.append(plan) or real_attach(data, plan))
     monkeypatch.setattr(schedule_env, "prepare_episode", recording(schedule_env.prepare_episode))
     run = train(TrainConfig(name="nohint", out=str(tmp_path), timesteps=64, overrides={"hint_observation": "false"},
                             **TINY), progress=False)
@@ -99,7 +102,7 @@ def test_a_run_without_the_hint_trains_validates_exports_and_plans_without_it(tm
 def test_an_export_without_the_entry_plans_with_the_hint(tmp_path, monkeypatch):
     """An export written before the entry (the shipped one, with it removed) plans with the
     hint; true and false load as such, and a bad value is refused."""
-    import opsched.policies.exported as exported
+    import opsched.engine.observe as observe
 
     folder = tmp_path / "p"
     folder.mkdir()
@@ -116,8 +119,8 @@ def test_an_export_without_the_entry_plans_with_the_hint(tmp_path, monkeypatch):
         (folder / "policy.json").write_text(json.dumps(meta))
 
     hints: list[object] = []
-    real = exported.attach_hint
-    monkeypatch.setattr(exported, "attach_hint", lambda data, plan: hints.append(plan) or real(data, plan))
+    real = observe.attach_hint
+    monkeypatch.setattr(observe, "attach_hint", lambda data, plan: hints.append(plan) or real(data, plan))
     g, m = generate("layered", 20, 4), get_machine("knl-68")
     write(None)
     old = load(folder)
