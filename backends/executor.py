@@ -33,7 +33,13 @@ Two pieces, both framework-neutral (an op is any ``fn(values)`` callable):
     in the same process slows down too (measured here on resnet50: eager
     34 ms, 61 ms after one plan had run 2-thread ops on a worker).  Only when
     two multi-threaded ops run side by side does the second go to a worker
-    (a second team: unavoidable then).
+    (a second team: unavoidable then), and that worker's thread exits when
+    the run ends (a fresh one takes its place), taking its team with it: a
+    team kept alive would throttle every later parallel region of the
+    process - eager PyTorch, the next plans and the candidates
+    ``opsched.apply`` times after this one (measured here: inception's eager
+    training step 151 ms, 292 ms while a thread that had run one 2-thread
+    matmul lived on, 154 ms once it exited; ``bench/omp_teams.py``).
 
     Pinning in plans with multi-threaded ops: after every parallel region the
     helper threads of the caller's team keep spin-waiting for the next one
@@ -295,17 +301,33 @@ class _PoolState:
         self.set_threads = set_threads
         self.get_threads = get_threads
         self.thread_init = thread_init
+        #: Workers that ran a multi-threaded op in this run, so hold an OpenMP team of their own.
+        self.teams: set[int] = set()
 
-    def spawn(self) -> int:
-        """Start one more worker (caller holds the lock or is the constructor)."""
-        w = len(self.threads)
+    def spawn(self, w: int | None = None) -> int:
+        """Start one more worker, or a fresh thread for worker ``w`` (caller holds
+        the lock or is the constructor)."""
         q: queue.SimpleQueue = queue.SimpleQueue()
-        self.queues.append(q)
-        self.pins.append(None)
-        t = threading.Thread(target=_worker_main, args=(self, w), name=f"{self.name}-{w}", daemon=True)
-        self.threads.append(t)
+        new = w is None
+        w = len(self.threads) if w is None else w
+        t = threading.Thread(target=_worker_main, args=(self, w, q), name=f"{self.name}-{w}", daemon=True)
+        if new:
+            self.queues.append(q)
+            self.pins.append(None)
+            self.threads.append(t)
+        else:
+            self.queues[w], self.pins[w], self.threads[w] = q, None, t
         t.start()
         return w
+
+    def respawn_teams(self) -> None:
+        """Give every worker that opened an OpenMP team of its own a fresh thread
+        (caller holds the lock; the run is over, so they are idle) and tell the old
+        threads to exit: their teams go with them (see the module docstring)."""
+        for w in sorted(self.teams):
+            self.queues[w].put(None)
+            self.spawn(w)
+        self.teams.clear()
 
     def hand(self, task: tuple) -> None:
         """Give ``task`` to an idle worker - one already pinned to its cores (or
@@ -340,10 +362,10 @@ def _shutdown(state: _PoolState, timeout: float | None = None) -> None:
             t.join(timeout)
 
 
-def _worker_main(state: _PoolState, w: int) -> None:
+def _worker_main(state: _PoolState, w: int, q: queue.SimpleQueue) -> None:
     if state.thread_init is not None:
         state.thread_init()
-    get = state.queues[w].get
+    get = q.get
     while True:
         task = get()
         if task is None:
@@ -400,8 +422,11 @@ def _drive(state: _PoolState, w: int, run: _Run, i: int, cores: tuple[int, ...])
         # default, so read it first and set ours whenever it differs.
         if get_threads is not None and set_threads is not None and get_threads() != k:
             set_threads(k)
-        if not caller and state.core_map is not None and pins[w] != (cores if pin else None):
-            _pin(state, w, cores if pin else None)
+        if not caller:
+            if k > 1:
+                state.teams.add(w)  # its OpenMP team outlives the op: retired when the run ends
+            if state.core_map is not None and pins[w] != (cores if pin else None):
+                _pin(state, w, cores if pin else None)
         err = None
         t0 = perf_counter()
         try:
@@ -480,11 +505,15 @@ class WorkerPool:
 
     def __init__(self, slots: int, core_map: list[int] | None = None, name: str = "opsched-exec",
                  set_threads: Callable[[int], None] | None = None, get_threads: Callable[[], int] | None = None,
-                 thread_init: Callable[[], None] | None = None, pin_mixed: bool = False) -> None:
+                 thread_init: Callable[[], None] | None = None, pin_mixed: bool = False,
+                 retire_teams: bool = True) -> None:
         if slots < 1:
             raise ValueError(f"WorkerPool needs at least one slot, got {slots}")
         self.slots = slots
         self.pin_mixed = pin_mixed
+        #: Whether a worker that ran a multi-threaded op exits when the run ends (the
+        #: default; False keeps its OpenMP team alive, the old behaviour, for measuring).
+        self.retire_teams = retire_teams
         self._state = _PoolState(core_map, name, set_threads, get_threads, thread_init)
         self._last: _Run | None = None
         self._call_lock = threading.Lock()
@@ -559,11 +588,24 @@ class WorkerPool:
             except BaseException:
                 self._abort(run)
                 raise
+            finally:
+                if run.done.is_set():
+                    self._retire_teams()
             if run.error is not None:
                 if isinstance(run.error[1], KeyboardInterrupt):  # Ctrl-C while this thread ran an op
                     raise KeyboardInterrupt
                 raise OpFailure(*run.error)
             return run
+
+    def _retire_teams(self) -> None:
+        """After a run: the workers that ran a multi-threaded op exit (fresh threads
+        take their places), so the process is back to one OpenMP team (``retire_teams``)."""
+        state = self._state
+        if not self.retire_teams or not state.teams:
+            return
+        with state.lock:
+            if not state.closed:  # not joined: they are idle and exit at once, and joining costs the run ~0.7 ms
+                state.respawn_teams()
 
     def _serve(self, run: _Run) -> None:
         """The calling thread's part of a run: the first dispatch, then every

@@ -354,6 +354,25 @@ def test_hint_cost_times_both_hint_rules_and_restores_the_shipped_one(tmp_path: 
     assert res["ratio"] == pytest.approx(res["median_ms"]["slot_hint"] / res["median_ms"]["fastest"])
 
 
+def test_omp_teams_writes_every_configuration_and_leaves_no_worker(tmp_path: Path) -> None:
+    """``bench/omp_teams.py``: eager's step with and without a second OpenMP team, both pools closed after."""
+    import threading
+
+    from opsched.benchmarks import omp_teams
+
+    assert omp_teams.main(["--model", "lstm", "--batch", "1", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "omp_teams.json").read_text())
+    assert set(res["rows"]) == {"eager", "eager after co-run, retired", "eager after co-run, kept",
+                                "co-run plan, retired", "co-run plan, kept"}
+    assert all(math.isfinite(r["median_ms"]) and r["median_ms"] > 0 for r in res["rows"].values())
+    assert res["rows"]["eager"]["over_eager"] == 1.0 and "| eager after co-run, kept |" in (
+        tmp_path / "omp_teams.md").read_text()
+    for t in threading.enumerate():
+        if t.name.startswith("omp-teams"):
+            t.join(10)
+    assert not [t for t in threading.enumerate() if t.name.startswith("omp-teams")]
+
+
 def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monkeypatch) -> None:
     """The benchmark behind the default ``fill`` (docs/learning.md): per fill, the
     selection sets' ratios and local-search steps, and planning time per size."""

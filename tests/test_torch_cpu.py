@@ -493,6 +493,57 @@ def test_pool_frees_intermediate_values_but_keeps_protected_ones():
     assert values == [1, None, None, 2 + 4]
 
 
+def _co_running_teams(pool: WorkerPool, threads: int) -> list[threading.Thread]:
+    """Run two independent ``threads``-thread matmul ops side by side on ``pool`` (4 slots);
+    return the threads that ran them (the caller runs one, a worker the other)."""
+    who: list[threading.Thread] = []
+    a = torch.randn(64, 64)
+
+    def op(v):
+        who.append(threading.current_thread())
+        a @ a @ a  # a parallel region at the op's thread count: a multi-threaded op opens a team
+
+    before = torch.get_num_threads()
+    try:
+        pool.run(_py_plan(4, [threads, threads], [1.0, 0.0], [[], []], [op, op]), [])
+    finally:
+        torch.set_num_threads(before)
+    return [t for t in who if t is not threading.current_thread()]
+
+
+@pytest.mark.parametrize("retire", [True, False])
+def test_a_worker_that_ran_a_multi_threaded_op_exits_when_the_run_ends(retire):
+    """Its OpenMP team would outlive the op and make libgomp throttle every later parallel region
+    of the process (eager PyTorch's too: ~2x here, bench/omp_teams.py); retire_teams=False keeps
+    it, which is how this test fails if the retirement stops happening."""
+    pool = WorkerPool(4, set_threads=torch.set_num_threads, get_threads=torch.get_num_threads,
+                      retire_teams=retire)
+    try:
+        workers = _co_running_teams(pool, 2)
+        assert len(workers) == 1, "the second multi-threaded op runs on a worker"
+        workers[0].join(timeout=10)
+        assert workers[0].is_alive() is not retire
+        assert workers[0] not in pool.threads if retire else workers[0] in pool.threads
+        again = _co_running_teams(pool, 2)  # the pool still serves co-running multi-threaded ops
+        assert len(again) == 1 and (again[0] is not workers[0]) is retire
+        assert len(pool.threads) <= pool.slots
+    finally:
+        pool.close()
+    assert not any(t.is_alive() for t in pool.threads)
+
+
+def test_workers_that_ran_one_thread_ops_only_are_kept():
+    """No team, nothing to retire: a pool running one-thread ops reuses its threads."""
+    pool = WorkerPool(4, set_threads=torch.set_num_threads, get_threads=torch.get_num_threads)
+    try:
+        first = _co_running_teams(pool, 1)
+        second = _co_running_teams(pool, 1)
+        assert first and second and set(first) | set(second) <= set(pool.threads)
+        assert all(t.is_alive() for t in first)
+    finally:
+        pool.close()
+
+
 def test_pool_reports_the_failing_op_and_survives():
     def bad(v):
         raise RuntimeError("nope")
