@@ -38,10 +38,11 @@ What is simulated (and why it is enough for scheduling decisions):
   parallel region, so the team's helpers went idle), and a multi-threaded
   op's cost once several executor threads hold OpenMP teams
   (``team_overhead_s``: when a first pass shows two multi-threaded ops running
-  at once (:func:`_team_holders` follows the runtime's executors), every
-  multi-threaded CPU op that enters a parallel region takes ``max(t(k), t(1))
-  + team_overhead_s`` - the process then has more OpenMP threads than cores
-  and libgomp stops spin-waiting).
+  at once (:func:`second_team_time` follows the runtime's executors), every
+  multi-threaded CPU op that enters a parallel region from then on takes
+  ``max(t(k), t(1)) + team_overhead_s`` - the process then has more OpenMP
+  threads than cores and libgomp stops spin-waiting - until the run ends,
+  when the runtime retires the worker that opened the second team).
 * **Hand-offs.**  A runtime model with ``handoff_s > 0``
   also follows the runtime's threads (``backends/executor.py``): the calling
   thread runs every multi-threaded CPU op (one at a time; a second one at
@@ -65,7 +66,7 @@ What is simulated (and why it is enough for scheduling decisions):
   on one core; one alone runs at full speed).  Why cores and not slots: the
   runtime runs such plans' workers unpinned and the kernel places them on
   whatever core is not spinning.  Not when the run is priced with several
-  OpenMP teams (``omp_throttled``: libgomp then stops spinning).  A model
+  OpenMP teams (``omp_throttled``: libgomp then stops spinning, from the second team on).  A model
   without the field pays nothing for it (one flag per op start and end).
 * **Busy cores.**  A CPU whose ``busy_cores`` are taken by other work (the
   machine's load) shares its cores between the plan's threads and that load:
@@ -289,12 +290,13 @@ class SimState:
 
     ``after[i]``: extra op indices that must finish before ``i`` is ready (a
     Plan's control dependencies).  ``noise[i]``: a factor on op ``i``'s alone
-    time (default 1).  ``omp_throttled``: price multi-threaded ops as a real
-    runtime with several OpenMP teams runs them (the model's ``team_overhead_s``).
+    time (default 1).  ``throttled_from``: from this time on, price multi-threaded
+    ops as a real runtime with several OpenMP teams runs them (the model's
+    ``team_overhead_s``; None: never).
     """
 
     def __init__(self, static: SimStatic, after: Sequence[Sequence[int]] | None = None,
-                 noise: Sequence[float] | None = None, omp_throttled: bool = False) -> None:
+                 noise: Sequence[float] | None = None, throttled_from: float | None = None) -> None:
         s = static
         n, nd = s.n, s.n_dev
         self.static = s
@@ -326,8 +328,11 @@ class SimState:
         # per device, the size of the OpenMP team the last op used (1: none, its helpers idle;
         # 0: not yet created); kept only when waking a team costs
         self._last_threads: list[int] | None = [0] * nd if static.switch_s > 0.0 else None
-        self._throttled = omp_throttled and static.team_s > 0.0
-        self._runtime_costs = self._last_threads is not None or self._throttled  # one test per op start
+        #: when a second OpenMP team opens (None: not in this run); priced from the first op started then
+        self._throttled_from = throttled_from
+        self._throttled = False
+        # one test per op start
+        self._runtime_costs = self._last_threads is not None or (throttled_from is not None and static.team_s > 0.0)
         # hand-offs between a real runtime's threads (see the module docstring); off without handoff_s
         self._handoff = static.handoff_s if static.handoff_s > 0.0 else 0.0
         if self._handoff:
@@ -340,10 +345,12 @@ class SimState:
         self.wake_end = 0.0
         # OpenMP helpers spinning after a parallel region (see the module docstring); off without spin_s,
         # and with several teams (libgomp stops spinning then).  Per device: cores spinning, until when.
-        self._spin = static.spin_s if static.spin_s > 0.0 and not omp_throttled else 0.0
+        self._spin = static.spin_s if static.spin_s > 0.0 and throttled_from != 0.0 else 0.0
         if self._spin:
             self._spin_cores = [0] * nd
             self._spin_until = [0.0] * nd
+        if throttled_from == 0.0:
+            self._throttled, self._throttled_from = static.team_s > 0.0, None
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
         self._running: set[int] = set()
@@ -457,6 +464,8 @@ class SimState:
         :meth:`why_not` (the caller has checked: the hot path of planners)."""
         s = self.static
         now = self.now
+        if self._throttled_from is not None and now >= self._throttled_from:
+            self._second_team()
         if self._handoff:
             self._chain = len(self._ready) == 1  # op i is the only ready op (the runtime's chain case)
         self._ready.discard(i)
@@ -501,6 +510,18 @@ class SimState:
             heapq.heappush(self._heap, (arrive, self._seq, i, -1))
         else:
             self._begin(i)
+
+    def _second_team(self) -> None:
+        """A second OpenMP team opens now: multi-threaded ops started from here on are
+        throttled, and libgomp stops spinning (the spinning helpers go to sleep)."""
+        self._throttled_from = None
+        self._throttled = self.static.team_s > 0.0
+        if self._spin:
+            self._spin = 0.0
+            for d, c in enumerate(self._spin_cores):
+                if c:
+                    self._spin_cores[d] = 0
+                    self._dirty.add(d)
 
     def _hand_off(self, i: int, k: int) -> float:
         """When CPU op ``i`` (``k`` threads), dispatched now, starts computing
@@ -801,7 +822,8 @@ _NO_AFTER: tuple[int, ...] = ()
 def replay(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> tuple[SimState, bool]:
     """Run ``plan`` (already validated for ``s.graph`` and ``s.machine``) to the
     end with the plan semantics' greedy dispatch; returns the finished state and
-    whether the run was priced with several OpenMP teams (``omp_throttled``)."""
+    whether the run was priced with several OpenMP teams (``omp_throttled``: from the
+    moment a second one opens)."""
     n = s.n
     asg = plan.assignments
     dev_index = s.machine.device_index
@@ -834,18 +856,20 @@ def replay_lists(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[fl
     rank = [0] * n
     for r, i in enumerate(order):
         rank[i] = r
-    st = _dispatch(s, dev, thr, order, rank, after, noise, False)
-    if (s.team_s > 0.0 or s.spin_s > 0.0) and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)) \
-            and _team_holders(st, s) > 1:
-        # several executor threads hold OpenMP teams: priced as the runtime runs them
-        return _dispatch(s, dev, thr, order, rank, after, noise, True), True
+    st = _dispatch(s, dev, thr, order, rank, after, noise, None)
+    if (s.team_s > 0.0 or s.spin_s > 0.0) and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)):
+        t = second_team_time(st, s)
+        if t is not None:  # from then on several executor threads hold OpenMP teams: priced as the runtime runs
+            # them (the run is the same up to t, so the second pass prices everything started from t on)
+            return _dispatch(s, dev, thr, order, rank, after, noise, t), True
     return st, False
 
 
 def _dispatch(s: SimStatic, dev: list[int], thr: list[int], order: list[int], rank: list[int],
-              after: list[tuple[int, ...]] | None, noise: Sequence[float] | None, throttled: bool) -> SimState:
+              after: list[tuple[int, ...]] | None, noise: Sequence[float] | None,
+              throttled_from: float | None) -> SimState:
     """The plan semantics' greedy dispatch loop, to the end of the run."""
-    st = SimState(s, after=after, noise=noise, omp_throttled=throttled)
+    st = SimState(s, after=after, noise=noise, throttled_from=throttled_from)
     queues: list[list[int]] = [[] for _ in range(s.n_dev)]
     free = st.free
     newly = st.newly_ready
@@ -877,27 +901,28 @@ def _dispatch(s: SimStatic, dev: list[int], thr: list[int], order: list[int], ra
         advance()
 
 
-def _team_holders(st: SimState, s: SimStatic) -> int:
-    """How many threads of a real runtime would hold an OpenMP team in this
-    finished simulation (CPU ops only: OpenMP teams are per process).
+def second_team_time(st: SimState, s: SimStatic) -> float | None:
+    """When a real runtime would open a second OpenMP team in this finished
+    simulation (None: never; CPU ops only: OpenMP teams are per process).
 
     The runtime (``backends/executor.py``) runs every multi-threaded op on the
     calling thread, with the process's one team, unless the calling thread is
-    already running one: then a worker runs it and gets a team of its own,
-    kept afterwards (the pool persists across runs, so warm-up runs leave the
-    same teams).  So the holders are the most multi-threaded ops that enter a
-    parallel region and run at the same time."""
+    already running one: then a worker runs it and opens a team of its own,
+    which lives until the run ends (the runtime then retires that worker).  So
+    the second team opens at the first dispatch of a multi-threaded op that
+    enters a parallel region while another one runs."""
     events: list[tuple[float, int]] = []
     for i in range(s.n):
         if st.threads[i] > 1 and s.parallel[i] and not s.devices[st.device[i]].is_gpu:
             events.append((st.dispatch_time[i], 1))
             events.append((st.end_time[i], -1))
     events.sort()  # at equal times an end (-1) sorts before a start (+1)
-    most = now = 0
-    for _, step in events:
+    now = 0
+    for t, step in events:
         now += step
-        most = max(most, now)
-    return most
+        if now > 1:
+            return t
+    return None
 
 
 # ------------------------------------------------------------- simulator
