@@ -127,3 +127,19 @@ def lane_after(graph: OpGraph, lanes: Sequence[Sequence[int]]) -> list[tuple[str
         for prev, cur in zip(lane, lane[1:]):
             after[cur] = (graph.ops[prev].id,)
     return after
+
+
+#: A split (an executor size a heuristic tries) is skipped only when its bound exceeds the best
+#: makespan found by more than this share, so float rounding in the bound never drops the split
+#: trying every split would pick.
+PRUNE_RTOL = 1e-9
+
+
+def split_bound(rank: np.ndarray, times: np.ndarray, executors: int) -> float:
+    """A lower bound on the makespan of any schedule that runs at most ``executors`` ops at a
+    time with op times ``times`` (``rank``: the upward ranks from them): the critical path,
+    and the work over the executors.  It holds in the simulator and in HEFT's list schedule,
+    where co-running, transfers and runtime costs only ever lengthen an op; critical-path-first
+    and HEFT skip the executor sizes it rules out."""
+    cp = float(rank.max()) if len(rank) else 0.0
+    return max(cp, float(times.sum()) / max(1, executors))

@@ -31,9 +31,10 @@ import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
 from opsched.graph import OpGraph, kahn_order
+from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
-from opsched.policies.base import Policy, build_plan, lane_after, resolve_model
+from opsched.policies.base import PRUNE_RTOL, Policy, build_plan, lane_after, resolve_model, split_bound
 from opsched.policies.registry import BASELINE, HINT, TEACHER, register
 
 #: transfer(src task, dst task, src group, dst group) -> communication cost.
@@ -266,6 +267,15 @@ def _topological(n: int, pred: list[list[int]], succ: list[list[int]]) -> list[i
     return out
 
 
+#: HEFT's plans by (graph, machine, model) identity (see :meth:`HeftPolicy.plan`).
+_PLANS = IdentityLRU(64)
+
+
+def clear_plans() -> None:
+    """Forget every cached HEFT plan (benchmarks that time planning from scratch)."""
+    _PLANS.clear()
+
+
 @register("heft", roles=(BASELINE, HINT, TEACHER), order=4)
 class HeftPolicy(Policy):
     """HEFT on an OpGraph and a Machine (see the module docstring)."""
@@ -278,15 +288,34 @@ class HeftPolicy(Policy):
         self._cost: np.ndarray = np.zeros((0, 0, 0))  # _costs' last result (for _cost_key)
 
     def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
+        """HEFT's plan (cached per (graph, machine, model) for the default insertion policy:
+        the hint heuristics plan it, and CPA, biCPA and LP rounding start from its GPU
+        placement, on the same graph one after another; :func:`clear_plans` forgets)."""
+        if not self.insertion:
+            return self._plan(graph, machine, model)
+        owners = (graph, machine) if model is None else (graph, machine, model)
+        return _PLANS.get_or_make((id(graph), id(machine), id(model)), lambda: self._plan(graph, machine, model),
+                                  *owners)
+
+    def _plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None) -> Plan:
         model = resolve_model(model)
         table = model.time_table(graph, machine)
-        best: tuple[HeftSchedule, list[tuple[int, int]], int] | None = None
-        for cpu_threads in machine.cpu.thread_levels():
+        # Each CPU executor split is scheduled only when it could win: HEFT's makespan on
+        # those lanes is at least the critical path at each op's fastest lane and the
+        # fastest-lane work over the lanes (transfers only add), so a split whose bound
+        # exceeds the best makespan so far is left out (splits in the order of their bounds;
+        # the first fastest in thread-level order is kept, as when every split is scheduled).
+        splits = sorted((self._bound(graph, machine, table, t), k, t)
+                        for k, t in enumerate(machine.cpu.thread_levels()))
+        best: tuple[HeftSchedule, list[tuple[int, int]], int, int] | None = None
+        for bound, k, cpu_threads in splits:
+            if best is not None and bound > best[0].makespan * (1.0 + PRUNE_RTOL):
+                continue
             lanes = self._lanes(machine, cpu_threads)
             sched = self._schedule(graph, machine, model, table, lanes)
-            if best is None or sched.makespan < best[0].makespan:
-                best = (sched, lanes, cpu_threads)
-        sched, lanes, cpu_threads = best  # type: ignore[misc]
+            if best is None or (sched.makespan, k) < (best[0].makespan, best[3]):
+                best = (sched, lanes, cpu_threads, k)
+        sched, lanes, cpu_threads, _ = best  # type: ignore[misc]
         lane_ops = sched.lanes(len(lanes))
         after = lane_after(graph, lane_ops)
         assignments = {}
@@ -296,6 +325,12 @@ class HeftPolicy(Policy):
         return build_plan(graph, machine, assignments, policy=self.name,
                           cpu_executors=machine.cpu.cores // cpu_threads, cpu_threads=cpu_threads,
                           predicted_makespan=sched.makespan)
+
+    def _bound(self, graph: OpGraph, machine: Machine, table: TimeTable, cpu_threads: int) -> float:
+        """A lower bound on HEFT's makespan with the CPU split into executors of ``cpu_threads``."""
+        lanes = self._lanes(machine, cpu_threads)
+        fastest = np.min(np.stack([table.on(d, t) for d, t in dict.fromkeys(lanes)]), axis=0)
+        return split_bound(graph.upward_rank_array(fastest), fastest, len(lanes))
 
     @staticmethod
     def _lanes(machine: Machine, cpu_threads: int) -> list[tuple[int, int]]:

@@ -109,9 +109,15 @@ def attach_slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: 
 
 
 def clear_cache() -> None:
-    """Forget every heuristic plan computed so far (benchmarks that time
-    planning from scratch: the heuristics are part of a first plan's cost)."""
+    """Forget every heuristic plan computed so far, HEFT's cached plans and the GPU
+    placements the moldable heuristics share included (benchmarks that time planning
+    from scratch: the heuristics are part of a first plan's cost)."""
+    from opsched.policies.heft import clear_plans
+    from opsched.policies.moldable import clear_placements
+
     _CACHE.clear()
+    clear_plans()
+    clear_placements()
 
 
 def best_heuristic(graph: OpGraph, machine: Machine, model: Any = None,

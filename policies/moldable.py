@@ -137,6 +137,11 @@ def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: 
 _PLACEMENTS = IdentityLRU(256)
 
 
+def clear_placements() -> None:
+    """Forget the cached GPU placements (with :func:`opsched.policies.hints.clear_cache`)."""
+    _PLACEMENTS.clear()
+
+
 def heft_placement(graph: OpGraph, machine: Machine, model: PerfModel | None) -> dict[str, str]:
     """The ops HEFT puts on a GPU, and which (empty on a CPU-only machine);
     computed once per (graph, machine, model) and shared (a copy each call)."""
@@ -170,5 +175,5 @@ def simulate(graph: OpGraph, machine: Machine, model: PerfModel | None, plan: Pl
     return float(replay(prepare(graph, machine, model), plan)[0].now)
 
 
-__all__ = ["Problem", "cpu_problem", "free_cores", "heft_placement", "list_plan", "longest_paths", "placements",
+__all__ = ["Problem", "clear_placements", "cpu_problem", "free_cores", "heft_placement", "list_plan", "longest_paths", "placements",
            "simulate"]

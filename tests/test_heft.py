@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from opsched.backends.sim import SimBackend
 from opsched.engine.models.analytic import AnalyticModel
@@ -126,3 +128,27 @@ def test_heft_uses_several_gpus_on_a_wide_graph():
     g = generate("layered", 80, 0, mean_width=8.0)
     plan = HeftPolicy().plan(g, PRESETS["dgx1-4v100"])
     assert len({a.device for a in plan.assignments.values() if a.device.startswith("gpu")}) >= 2
+
+
+def _heft_every_split(g, m, model):
+    """HEFT without bounds: every CPU executor split scheduled, the first fastest kept."""
+    pol = HeftPolicy()
+    table = model.time_table(g, m)
+    best = None
+    for t in m.cpu.thread_levels():
+        sched = pol._schedule(g, m, model, table, pol._lanes(m, t))
+        assert sched.makespan >= pol._bound(g, m, table, t) * (1 - 1e-12), "the bound must hold"
+        if best is None or sched.makespan < best[0]:
+            best = (sched.makespan, t)
+    return best
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(["layered", "erdos_renyi", "watts_strogatz", "fork_join"]), n=st.integers(2, 50),
+       seed=st.integers(0, 10_000), machine=st.sampled_from(sorted(PRESETS)))
+def test_heft_skipping_splits_by_their_bound_picks_what_scheduling_every_split_picks(family, n, seed, machine):
+    g, m = generate(family, n, seed), PRESETS[machine]
+    model = AnalyticModel()
+    plan = HeftPolicy().plan(g, m, model)
+    span, threads = _heft_every_split(g, m, model)
+    assert plan.meta["cpu_threads"] == threads and plan.meta["predicted_makespan"] == pytest.approx(span, rel=1e-12)

@@ -192,16 +192,65 @@ def test_critical_path_first_profiles_and_dispatches_by_upward_rank():
     m = PRESETS["knl-68"]
     g = generate("erdos_renyi", 50, 2)
     plan = get_policy("critical-path-first").plan(g, m)
-    profile = plan.meta["profile"]
-    assert len(profile) == len(m.cpu.thread_levels())
+    profile, skipped = plan.meta["profile"], plan.meta["skipped"]
+    assert len(profile) + len(skipped) == len(m.cpu.thread_levels()) and not set(profile) & set(skipped)
+    assert skipped, "on a 50-op graph on knl-68 the bounds leave splits out"
     e, t = plan.meta["executors"], plan.meta["threads"]
     assert profile[f"cpu {e}x{t}"] == min(profile.values())
+    assert min(skipped.values()) > min(profile.values())
     assert e == m.cpu.cores // t and {a.threads for a in plan.assignments.values()} == {t}
     for edge in g.edges:  # upward rank: a producer always outranks its consumers
         assert plan[edge.src].priority > plan[edge.dst].priority
     trace = SimBackend(m).run(g, plan)
     assert trace.makespan == pytest.approx(min(profile.values()))
     assert max_concurrency(trace, "cpu") <= e
+
+
+def _exhaustive_cpf(g, m, model):
+    """Graphi's profiling without bounds: every split simulated, the first fastest kept."""
+    from opsched.engine.sim import Simulator
+
+    cpf = get_policy("critical-path-first")
+    table = model.time_table(g, m)
+    best = None
+    for device, _executors, threads in cpf.candidate_configs(m):
+        plan = cpf.plan_for(g, m, table, device, threads)
+        span = Simulator(m, model=model).makespan(g, plan)
+        if best is None or span < best[0]:
+            best = (span, plan)
+    return best
+
+
+def _runtime_model():
+    from opsched.engine.models.analytic import AnalyticModel
+    from opsched.engine.models.runtime import PlanningModel, TorchCPURuntime
+
+    return PlanningModel(AnalyticModel(), TorchCPURuntime(op_overhead_s=2e-5, thread_switch_s=3e-5,
+                                                           team_overhead_s=1e-4, handoff_s=2e-5, spin_s=2e-4,
+                                                           host_s=1e-5, corun_c0=0.05))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(sorted(FAMILIES)), n=st.integers(2, 60), seed=st.integers(0, 10_000),
+       machine=st.sampled_from(sorted(PRESETS)), runtime=st.booleans())
+def test_critical_path_first_skipping_splits_by_their_bound_picks_what_profiling_every_split_picks(
+        family, n, seed, machine, runtime):
+    """The bound (critical path, work over executors) never exceeds a split's simulated makespan,
+    and skipping the splits it rules out changes nothing: the same plan, the same makespan."""
+    from opsched.engine.sim import Simulator
+    from opsched.policies.base import resolve_model
+
+    g, m = generate(family, n, seed), PRESETS[machine]
+    model = _runtime_model() if runtime else resolve_model(None)
+    plan = get_policy("critical-path-first").plan(g, m, model)
+    span, want = _exhaustive_cpf(g, m, model)
+    assert plan.assignments == want.assignments
+    assert Simulator(m, model=model).makespan(g, plan) == pytest.approx(span, rel=1e-12)
+    for key, bound in plan.meta["skipped"].items():
+        dev, split = key.split(" ")
+        t = int(split.split("x")[1])
+        skipped = get_policy("critical-path-first").plan_for(g, m, model.time_table(g, m), dev, t)
+        assert Simulator(m, model=model).makespan(g, skipped) >= bound * (1 - 1e-12)
 
 
 def test_window_after_bounds_concurrency():
