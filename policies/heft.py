@@ -286,6 +286,8 @@ class HeftPolicy(Policy):
         self.insertion = insertion
         self._cost_key: tuple | None = None
         self._cost: np.ndarray = np.zeros((0, 0, 0))  # _costs' last result (for _cost_key)
+        self._by_edge_of: np.ndarray | None = None
+        self._by_edge_map: dict[tuple[int, int], list[list[float]]] = {}
 
     def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         """HEFT's plan (cached per (graph, machine, model) for the default insertion policy:
@@ -364,6 +366,13 @@ class HeftPolicy(Policy):
         self._cost_key, self._cost = key, cost
         return cost
 
+    def _by_edge(self, graph: OpGraph, cost: np.ndarray) -> dict[tuple[int, int], list[list[float]]]:
+        """``cost`` by edge as nested lists of Python floats (the hot loop reads one entry per
+        edge and device pair; numpy scalar indexing costs more); built once per cost table."""
+        if self._by_edge_of is not cost:
+            self._by_edge_of, self._by_edge_map = cost, dict(zip(graph.edge_bytes, cost.tolist()))
+        return self._by_edge_map
+
     def _schedule(self, graph: OpGraph, machine: Machine, model: PerfModel, table: TimeTable,
                   lanes: list[tuple[int, int]]) -> HeftSchedule:
         comp = np.empty((len(graph.ops), len(lanes)))
@@ -379,10 +388,10 @@ class HeftPolicy(Policy):
         means = np.einsum("a,eab,b->e", counts, cost, counts) / (n_lanes * (n_lanes - 1)) if n_lanes > 1 \
             else np.zeros(len(edge_bytes))
         mean_comm = dict(zip(edge_bytes, means.tolist()))
-        index = {e: k for k, e in enumerate(edge_bytes)}
+        by_edge = self._by_edge(graph, cost)
 
         def transfer(i: int, j: int, a: int, b: int) -> float:
-            return float(cost[index[i, j], a, b])
+            return by_edge[i, j][a][b]
 
         return heft_schedule(comp, {e: 0.0 for e in edge_bytes}, list(edge_bytes), groups=groups,
                              transfer=transfer, mean_comm=mean_comm, insertion=self.insertion)
