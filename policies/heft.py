@@ -173,21 +173,17 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                 if t > drt[g]:
                     drt[g] = t
         best_q, best_s, best_f, best_k = -1, 0.0, inf, 0
-        free_seen = set()
         row = costs[i]
         for q in range(p):
             w = row[q]
+            ready = drt[grp[q]]
+            if ready + w >= best_f:
+                # it cannot start before `ready`, so it cannot finish first: no gap search (this also
+                # skips every other processor free by `ready` of a device with the same cost)
+                continue
             sq = starts[q]
-            gq = grp[q]
-            ready = drt[gq]
             fq = finishes[q]
-            if not sq or fq[-1] <= ready:
-                # free by `ready` (idle, or its last task done): it starts the task at `ready`, as does every
-                # other free processor of its device with the same cost, so only the first of them can win
-                same = (gq, w)
-                if same in free_seen:
-                    continue
-                free_seen.add(same)
+            if not sq or fq[-1] <= ready:  # free by `ready` (idle, or its last task done)
                 s, k = ready, len(sq)
             elif insertion:  # the earliest gap of length w from `ready` (inlined: the innermost loop of a plan)
                 k = bisect_right(fq, ready)  # intervals before k end by `ready`, those from k after it

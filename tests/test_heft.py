@@ -152,3 +152,49 @@ def test_heft_skipping_splits_by_their_bound_picks_what_scheduling_every_split_p
     plan = HeftPolicy().plan(g, m, model)
     span, threads = _heft_every_split(g, m, model)
     assert plan.meta["cpu_threads"] == threads and plan.meta["predicted_makespan"] == pytest.approx(span, rel=1e-12)
+
+
+def _textbook_heft(comp, comm, order, insertion=True):
+    """HEFT's processor selection as the paper states it, with no shortcut: every task in
+    ``order`` goes to the processor of earliest finish (the first of equals), the earliest
+    gap that fits with insertion, else after the processor's last task."""
+    n, p = comp.shape
+    pred = [[a for (a, b) in comm if b == i] for i in range(n)]
+    proc, start, finish = [-1] * n, [0.0] * n, [0.0] * n
+    busy = [[] for _ in range(p)]  # (start, finish), sorted
+    for i in order:
+        best = None
+        for q in range(p):
+            ready = max([finish[j] + (0.0 if proc[j] == q else comm[j, i]) for j in pred[i]], default=0.0)
+            w = comp[i, q]
+            if insertion:
+                s = ready
+                for a, b in busy[q]:
+                    if s + w <= a:
+                        break
+                    s = max(s, b)
+            else:
+                s = max(ready, busy[q][-1][1] if busy[q] else 0.0)
+            if best is None or s + w < best[2]:
+                best = (q, s, s + w)
+        q, s, f = best
+        proc[i], start[i], finish[i] = q, s, f
+        busy[q] = sorted(busy[q] + [(s, f)])
+    return proc, start, finish
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 25), p=st.integers(1, 6), seed=st.integers(0, 10_000), insertion=st.booleans(),
+       ties=st.booleans())
+def test_heft_schedule_equals_the_textbook_selection(n, p, seed, insertion, ties):
+    """Its shortcuts (a processor that cannot finish first is not searched for a gap) change
+    nothing: the same processor, start and finish for every task, ties included (``ties``:
+    integer costs on few distinct values, so equal finish times are common)."""
+    rng = np.random.default_rng(seed)
+    comp = rng.integers(1, 4, (n, p)).astype(float) if ties else rng.uniform(0.5, 5.0, (n, p))
+    comm = {(a, b): float(rng.integers(0, 3)) if ties else float(rng.uniform(0, 3))
+            for b in range(n) for a in range(b) if rng.random() < 0.25}
+    s = heft_schedule(comp, comm, list(comm), insertion=insertion)
+    proc, start, finish = _textbook_heft(comp, comm, s.order, insertion)
+    assert s.proc.tolist() == proc
+    assert s.start.tolist() == pytest.approx(start, abs=0) and s.finish.tolist() == pytest.approx(finish, abs=0)
