@@ -129,6 +129,13 @@ def lane_after(graph: OpGraph, lanes: Sequence[Sequence[int]]) -> list[tuple[str
     return after
 
 
+#: The ``Plan.meta`` key under which a heuristic that simulated the plan it returns records
+#: that makespan, under the model it was given (``Simulator(machine, model).makespan``, the
+#: same value): :func:`opsched.policies.hints.heuristic_plans` and the exported scheduler's
+#: candidates then need not simulate it again.
+MODEL_MAKESPAN = "model_makespan"
+
+
 #: A split (an executor size a heuristic tries) is skipped only when its bound exceeds the best
 #: makespan found by more than this share, so float rounding in the bound never drops the split
 #: trying every split would pick.

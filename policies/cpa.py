@@ -31,7 +31,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
-from opsched.policies.base import Policy, build_plan
+from opsched.policies.base import MODEL_MAKESPAN, Policy, build_plan
 from opsched.policies.moldable import Problem, cpu_problem, list_plan, longest_paths, placements, simulate
 from opsched.policies.registry import BASELINE, HINT, register
 
@@ -106,7 +106,7 @@ def moldable_plan(graph: OpGraph, machine: Machine, model: PerfModel | None, nam
             spans[key] = simulate(graph, machine, model, plan)
             if best is None or spans[key] < best[0]:
                 best = (spans[key], Plan(plan.assignments, plan.graph_fingerprint, plan.machine_fingerprint,
-                                         name, {"chosen": key}))
+                                         name, {"chosen": key, MODEL_MAKESPAN: spans[key]}))
     assert best is not None
     return best[1], spans
 

@@ -27,7 +27,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
-from opsched.policies.base import PRUNE_RTOL, Policy, build_plan, resolve_model, split_bound
+from opsched.policies.base import MODEL_MAKESPAN, PRUNE_RTOL, Policy, build_plan, resolve_model, split_bound
 from opsched.policies.registry import BASELINE, HINT, TEACHER, register
 
 
@@ -91,4 +91,4 @@ class CriticalPathFirst(Policy):
         assert best is not None, "a machine has a CPU, so there is a split"
         plan = best[2]
         return Plan(plan.assignments, plan.graph_fingerprint, plan.machine_fingerprint, plan.policy,
-                    {**plan.meta, "profile": profile, "skipped": skipped})
+                    {**plan.meta, "profile": profile, "skipped": skipped, MODEL_MAKESPAN: best[0]})

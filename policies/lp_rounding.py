@@ -43,7 +43,7 @@ from opsched.engine.contracts import PerfModel
 from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Assignment, Plan
-from opsched.policies.base import Policy, build_plan
+from opsched.policies.base import MODEL_MAKESPAN, Policy, build_plan
 from opsched.policies.moldable import free_cores, longest_paths, placements, simulate
 from opsched.policies.registry import BASELINE, register
 
@@ -128,7 +128,7 @@ class LPRounding(Policy):
             return Sequential().plan(graph, machine, model)
         return build_plan(graph, machine, best[1].assignments, policy=self.name,
                           chosen=min(spans, key=spans.__getitem__), candidates=spans,
-                          lp_bound_s=lps[0][1].bound)
+                          lp_bound_s=lps[0][1].bound, **{MODEL_MAKESPAN: best[0]})
 
 
 __all__ = ["LPRounding", "SETTINGS", "jz_mu", "ltw_mu", "round_allocation"]

@@ -380,3 +380,27 @@ def test_search_rejects_bad_settings():
         OptunaSearch(n_trials=0)
     with pytest.raises(ValueError, match="sampler"):
         OptunaSearch(sampler="magic")
+
+
+@pytest.mark.parametrize("machine", ["knl-68", "dgx1-4v100"])
+@pytest.mark.parametrize("runtime", [False, True])
+def test_a_makespan_a_heuristic_records_is_the_simulators(machine, runtime):
+    """heuristic_plans and the exported scheduler take a heuristic's own ``model_makespan``
+    instead of simulating its plan again: it must be the simulator's value, bit for bit."""
+    from opsched.engine.sim import Simulator
+    from opsched.policies import BASELINE, names
+    from opsched.policies.base import MODEL_MAKESPAN, resolve_model
+    from opsched.policies.hints import clear_cache, heuristic_plans
+
+    g, m = generate("layered", 60, 4), PRESETS[machine]
+    model = _runtime_model() if runtime else resolve_model(None)
+    recorded = 0
+    for name in names(BASELINE):
+        plan = get_policy(name).plan(g, m, model)
+        if MODEL_MAKESPAN in plan.meta:
+            recorded += 1
+            assert plan.meta[MODEL_MAKESPAN] == Simulator(m, model).makespan(g, plan), name
+    assert recorded >= 4  # critical-path-first, cpa, bicpa, lp-rounding
+    clear_cache()
+    for name, (plan, span) in heuristic_plans(g, m, model).items():
+        assert span == Simulator(m, model).makespan(g, plan), name
