@@ -18,7 +18,10 @@ demand and reused across runs) run the one-thread ops; the calling thread
 runs the multi-threaded ones with its own OpenMP team, so the process keeps
 one team, shared with eager PyTorch (a second team per executor would make
 libgomp throttle its spin-waits and slow every parallel region - eager
-included; see ``executor.py``).  Trace events of ops the calling thread ran
+included; see ``executor.py``).  When two multi-threaded ops do run side by
+side, the worker that ran the second retires when the run ends, taking its
+team with it (``bench/omp_teams.py``: eager's inception step 1.95x slower
+while such a team lived).  Trace events of ops the calling thread ran
 have ``lane == -1``.  Each op takes ``threads``
 slots from a free-slot pool; the worker sets its own intra-op thread count
 (``torch.get_num_threads()`` first, since the first op a thread runs may reset
