@@ -64,11 +64,14 @@ def cpa_allocation(problem: Problem, processors: int | None = None, cap: int | N
         return alloc
     # each op's next useful level, refreshed when it changes
     nxt = [next_level(problem, i, 0, cap) if cpu[i] else None for i in range(n)]
+    # problem.durations(alloc) and the terms of problem.area(alloc), kept up to date: one op
+    # changes per step (the same values, so the same sums and the same allocation)
+    dur = problem.durations(alloc).tolist()
+    work = np.where(np.isnan(problem.fixed), np.asarray(levels)[np.asarray(alloc)] * problem.times[:, 0], 0.0)
     while True:
-        dur = problem.durations(alloc)
         top, bottom = longest_paths(problem.graph, dur)
         t_cp = float(np.max(top + bottom))
-        t_a = problem.area(alloc) / P
+        t_a = float(np.sum(work)) / P
         if t_cp <= t_a:
             break
         on_cp = np.nonzero(top + bottom >= t_cp * (1.0 - 1e-12))[0]
@@ -83,8 +86,10 @@ def cpa_allocation(problem: Problem, processors: int | None = None, cap: int | N
                 best, best_gain = int(i), gain
         if best < 0:  # every critical op is saturated: more processors cannot shorten the path
             break
-        alloc[best] = nxt[best]  # type: ignore[assignment]
-        nxt[best] = next_level(problem, best, alloc[best], cap)
+        a = alloc[best] = nxt[best]  # type: ignore[assignment]
+        t = problem.times[best, a]
+        dur[best], work[best] = float(t), levels[a] * t
+        nxt[best] = next_level(problem, best, a, cap)
     return alloc
 
 

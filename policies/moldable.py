@@ -94,12 +94,12 @@ def cpu_problem(graph: OpGraph, machine: Machine, table: Any, placement: dict[st
     return Problem(graph, times, levels, fixed, P, device_of)
 
 
-def longest_paths(graph: OpGraph, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(top level, bottom level) of every op under op weights ``w``: the longest
-    path ending just before it starts, and the longest from its start to the
-    end (its own weight included)."""
+def longest_paths(graph: OpGraph, w: np.ndarray | Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(top level, bottom level) of every op under op weights ``w`` (an array or a
+    list of floats): the longest path ending just before it starts, and the
+    longest from its start to the end (its own weight included)."""
     n = len(w)
-    wl = w.tolist()
+    wl = w.tolist() if isinstance(w, np.ndarray) else w
     top = [0.0] * n
     bottom = [0.0] * n
     preds, succs = graph.pred_index, graph.succ_index

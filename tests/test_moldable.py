@@ -138,3 +138,46 @@ def test_busy_cores_cap_the_allocations():
     for name in MOLDABLE:
         plan = get_policy(name).plan(g, m, model)
         assert max(a.threads for a in plan.assignments.values()) <= 10, name
+
+
+def _cpa_allocation_full_passes(problem, processors=None, cap=None):
+    """CPA's allocation as the paper states it: durations, levels and area recomputed from
+    scratch at every step (cpa_allocation keeps them up to date instead)."""
+    from opsched.policies.cpa import next_level
+
+    P = problem.P if processors is None else int(processors)
+    cap = P if cap is None else int(cap)
+    alloc = [0] * problem.n
+    cpu = [problem.is_cpu(i) for i in range(problem.n)]
+    if not any(cpu):
+        return alloc
+    nxt = [next_level(problem, i, 0, cap) if cpu[i] else None for i in range(problem.n)]
+    while True:
+        top, bottom = longest_paths(problem.graph, problem.durations(alloc))
+        t_cp = float(np.max(top + bottom))
+        if t_cp <= problem.area(alloc) / P:
+            return alloc
+        best, best_gain = -1, -np.inf
+        for i in np.nonzero(top + bottom >= t_cp * (1.0 - 1e-12))[0]:
+            b, a = nxt[i], alloc[i]
+            if b is not None:
+                gain = problem.times[i, a] / problem.levels[a] - problem.times[i, b] / problem.levels[b]
+                if gain > best_gain:
+                    best, best_gain = int(i), gain
+        if best < 0:
+            return alloc
+        alloc[best] = nxt[best]
+        nxt[best] = next_level(problem, best, alloc[best], cap)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(sorted(GENERATORS)), n=st.integers(1, 80), seed=st.integers(0, 10_000),
+       machine=st.sampled_from(sorted(PRESETS)), cap=st.sampled_from([None, 4, 16]), gpu_ops=st.booleans())
+def test_cpa_allocation_equals_the_allocation_from_full_passes(family, n, seed, machine, cap, gpu_ops):
+    """Its running durations and area are the full passes' values: the same allocation, step for step."""
+    from opsched.policies.moldable import heft_placement
+
+    g, m = generate(family, n, seed), PRESETS[machine]
+    placement = heft_placement(g, m, None) if gpu_ops else None
+    problem = cpu_problem(g, m, prepare(g, m).table, placement)
+    assert cpa_allocation(problem, cap=cap) == _cpa_allocation_full_passes(problem, cap=cap)
