@@ -56,6 +56,20 @@ def test_on_a_coarsened_graph_no_plan_projects_faster_than_the_hint(seed, max_no
             assert projected(data, p) >= mine * (1 - 1e-12), other
 
 
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), max_nodes=st.sampled_from([8, 16, 24]))
+def test_a_plan_that_keeps_every_group_on_one_device_has_one_projection(seed, max_nodes):
+    """from_plan skips the by-time projection of such a plan: it would be the same slot plan."""
+    from opsched.engine.slots import _project, _splits_a_group
+
+    g, m = load_graph(f"layered:60:{seed}"), load_machine(f"random:{seed % 48}")
+    data = prepare_episode(g, m, None, max_nodes, 4 * max_nodes)
+    for name, (plan, _) in heuristic_plans(g, m).items():
+        a, b = _project(data, plan, name, by_time=False), _project(data, plan, name, by_time=True)
+        same = (a.device, a.level, a.rank, a.after) == (b.device, b.level, b.rank, b.after)
+        assert same or _splits_a_group(data, plan), name
+
+
 def test_slot_hint_refuses_an_empty_choice():
     g, m = load_graph("layered:20:1"), get_machine("knl-68")
     with pytest.raises(ValueError, match="no heuristic plan"):

@@ -64,7 +64,8 @@ def from_plan(data: Any, plan: Plan, source: str = "") -> SlotPlan:
         best = _project(data, plan, source, by_time=False)
     else:
         first = _project(data, plan, source, by_time=False)
-        second = _project(data, plan, source, by_time=True)
+        # where no group has members on two devices, the by-time projection is this one
+        second = _project(data, plan, source, by_time=True) if _splits_a_group(data, plan) else first
         for sp in (first, second):
             if not np.isfinite(sp.makespan):
                 makespan(data, sp)
@@ -72,6 +73,19 @@ def from_plan(data: Any, plan: Plan, source: str = "") -> SlotPlan:
     if cache is not None:
         cache[id(plan)] = (plan, best.copy())  # the plan is kept, so its id is not reused
     return best
+
+
+def _splits_a_group(data: Any, plan: Plan) -> bool:
+    """Whether ``plan`` puts the members of some coarse group on more than one device
+    (only then can :func:`_project`'s ``by_time`` choose another device than the leading
+    member's, so only then do the two projections differ)."""
+    ids = [op.id for op in data.graph.ops]
+    for members in data.coarsening.groups:
+        if len(members) > 1:
+            first = plan[ids[members[0]]].device
+            if any(plan[ids[i]].device != first for i in members):
+                return True
+    return False
 
 
 def _project(data: Any, plan: Plan, source: str, by_time: bool) -> SlotPlan:
