@@ -414,3 +414,20 @@ def test_plan_budget_rejects_bad_seeds_and_fills(argv: list[str], tmp_path: Path
         _main_unpinned(plan_budget.main, [*argv, "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_learned_planning_speed_pins_one_core_and_puts_the_affinity_back() -> None:
+    """bench/learned.py's planning time: six 200-op cases on one pinned core, then the
+    process may use its CPUs again (the benchmark goes on after it)."""
+    import os
+
+    from opsched.benchmarks.learned import planning_speed
+    from opsched.policies.exported import load, pretrained_path
+
+    before = os.sched_getaffinity(0)
+    res = planning_speed(load(pretrained_path()), repeats=1)
+    assert os.sched_getaffinity(0) == before
+    pairs = {k: v for k, v in res.items() if "@" in k}
+    assert len(pairs) == 6 and all(v > 0 for v in pairs.values())
+    assert res["median_s"] == pytest.approx(sorted(pairs.values())[2:4][0] / 2 + sorted(pairs.values())[2:4][1] / 2)
+    assert res["pinned"].startswith(("pinned to CPU", "not pinned"))
