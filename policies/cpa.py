@@ -86,7 +86,9 @@ def cpa_allocation(problem: Problem, processors: int | None = None, cap: int | N
                 best, best_gain = int(i), gain
         if best < 0:  # every critical op is saturated: more processors cannot shorten the path
             break
-        a = alloc[best] = nxt[best]  # type: ignore[assignment]
+        a = nxt[best]
+        assert a is not None  # best was chosen among ops with a next level
+        alloc[best] = a
         t = problem.times[best, a]
         dur[best], work[best] = float(t), levels[a] * t
         nxt[best] = next_level(problem, best, a, cap)

@@ -54,9 +54,11 @@ def corun_pool(retire: bool) -> tuple[Any, Any, Callable[[], None]]:
         for _ in range(MATMULS):
             x = x @ a
 
+    def no_grad() -> None:
+        torch.set_grad_enabled(False)
+
     pool = WorkerPool(4, None, name="omp-teams", set_threads=torch.set_num_threads,
-                      get_threads=torch.get_num_threads, thread_init=lambda: torch.set_grad_enabled(False),
-                      retire_teams=retire)
+                      get_threads=torch.get_num_threads, thread_init=no_grad, retire_teams=retire)
     cp = CompiledPlan(["a", "b"], [op, op], [2, 2], [0, 1], [[], []], 4)
     pool.ensure_workers(2)
 
