@@ -8,6 +8,9 @@
 #   OUT/gpu_bench.json   multi-stream speedup over eager CUDA (batch 1 and 8, the zoo),
 #   OUT/gpu_bench.md     simulator error against measured GPU makespans, and with
 #                        two or more GPUs maestro / the learned policy vs one GPU
+#   OUT/omp_teams.md     this machine's many cores: eager PyTorch's step with a second
+#                        OpenMP team alive vs retired (bench/omp_teams.py; 2 cores
+#                        elsewhere cannot show it for real plans)
 #   OUT/summary.md       what ran, exit codes, the benchmark tables
 #
 # Usage: bench/gpu_check.sh [--out DIR] [--quick]
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
         --out) OUT="${2:-}"; [ -n "$OUT" ] || { echo "gpu_check: --out needs a folder" >&2; exit 64; }; shift 2 ;;
         --out=*) OUT="${1#--out=}"; shift ;;
         --quick) QUICK="--quick"; shift ;;
-        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 64 ;;
     esac
 done
@@ -78,6 +81,11 @@ echo "gpu_check: running the gpu-marked tests"
 run_limited 200 "$PY" -m pytest -m gpu tests -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
 TESTS_RC=${PIPESTATUS[0]}
 
+# 3b. A second OpenMP team on this machine's cores (about 20 s; its failure fails nothing else).
+echo "gpu_check: running bench/omp_teams.py"
+run_limited 60 "$PY" bench/omp_teams.py --out "$OUT" 2>&1 | tee "$OUT/omp_teams.log"
+OMP_RC=${PIPESTATUS[0]}
+
 # 4. The GPU benchmarks (what is left of the 8 minutes, with a margin).
 ELAPSED=$(( $(date +%s) - START ))
 LEFT=$(( 450 - ELAPSED ))
@@ -93,9 +101,11 @@ BENCH_RC=${PIPESTATUS[0]}
     echo
     echo "- GPU tests: exit $TESTS_RC ($(tail -n 1 "$OUT/pytest.log"))"
     echo "- benchmarks: exit $BENCH_RC"
+    echo "- omp_teams: exit $OMP_RC"
     echo "- wall time: $(( $(date +%s) - START )) s"
     echo
     [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
+    [ -f "$OUT/omp_teams.md" ] && { echo; cat "$OUT/omp_teams.md"; }
 } > "$OUT/summary.md"
 echo "gpu_check: done in $(( $(date +%s) - START )) s; see $OUT/summary.md"
 
