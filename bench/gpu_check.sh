@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
         --out) OUT="${2:-}"; [ -n "$OUT" ] || { echo "gpu_check: --out needs a folder" >&2; exit 64; }; shift 2 ;;
         --out=*) OUT="${1#--out=}"; shift ;;
         --quick) QUICK="--quick"; shift ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check: unknown argument '$1' (try --help)" >&2; exit 64 ;;
     esac
 done
