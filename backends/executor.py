@@ -589,19 +589,25 @@ class WorkerPool:
                 self._abort(run)
                 raise
             finally:
-                if run.done.is_set():
-                    self._retire_teams()
+                if run.done.is_set() and self.retire_teams:
+                    self._release_teams()
             if run.error is not None:
                 if isinstance(run.error[1], KeyboardInterrupt):  # Ctrl-C while this thread ran an op
                     raise KeyboardInterrupt
                 raise OpFailure(*run.error)
             return run
 
-    def _retire_teams(self) -> None:
-        """After a run: the workers that ran a multi-threaded op exit (fresh threads
-        take their places), so the process is back to one OpenMP team (``retire_teams``)."""
+    def release_teams(self) -> None:
+        """The workers that ran a multi-threaded op exit (fresh threads take their places),
+        so the process is back to one OpenMP team: done after every run unless
+        ``retire_teams`` is False (waits for a run in flight in another thread)."""
+        with self._call_lock:
+            self._release_teams()
+
+    def _release_teams(self) -> None:
+        """:meth:`release_teams`, the caller holding the call lock (a run is over)."""
         state = self._state
-        if not self.retire_teams or not state.teams:
+        if not state.teams:
             return
         with state.lock:
             if not state.closed:  # not joined: they are idle and exit at once, and joining costs the run ~0.7 ms

@@ -136,6 +136,13 @@ def lane_after(graph: OpGraph, lanes: Sequence[Sequence[int]]) -> list[tuple[str
 MODEL_MAKESPAN = "model_makespan"
 
 
+def makespan_of(sim: Any, graph: OpGraph, plan: Plan, validate: bool = True) -> float:
+    """``plan``'s makespan under ``sim`` (a :class:`~opsched.engine.sim.Simulator`, the model the
+    plan was made with): the one its heuristic recorded (:data:`MODEL_MAKESPAN`), else simulated."""
+    known = plan.meta.get(MODEL_MAKESPAN)
+    return sim.makespan(graph, plan, validate=validate) if known is None else float(known)
+
+
 #: A split (an executor size a heuristic tries) is skipped only when its bound exceeds the best
 #: makespan found by more than this share, so float rounding in the bound never drops the split
 #: trying every split would pick.

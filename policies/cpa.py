@@ -67,7 +67,7 @@ def cpa_allocation(problem: Problem, processors: int | None = None, cap: int | N
     # problem.durations(alloc) and the terms of problem.area(alloc), kept up to date: one op
     # changes per step (the same values, so the same sums and the same allocation)
     dur = problem.durations(alloc).tolist()
-    work = np.where(np.isnan(problem.fixed), np.asarray(levels)[np.asarray(alloc)] * problem.times[:, 0], 0.0)
+    work = np.where(np.isnan(problem.fixed), levels[0] * problem.times[:, 0], 0.0)  # every op at level 0
     while True:
         top, bottom = longest_paths(problem.graph, dur)
         t_cp = float(np.max(top + bottom))

@@ -78,7 +78,7 @@ from opsched.graph import OpGraph
 from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
 from opsched.plan import Plan
-from opsched.policies.base import MODEL_MAKESPAN, Policy
+from opsched.policies.base import Policy, makespan_of
 from opsched.policies.budget import search_budget
 from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
 
@@ -613,8 +613,7 @@ class ExportedPolicy(Policy):
                     if name not in added:
                         raise
                     continue  # a candidate only the spare budget added: planning goes on without it
-                known = plan.meta.get(MODEL_MAKESPAN)  # simulated by the heuristic itself, under this model
-                span = sim.makespan(graph, plan) if known is None else float(known)
+                span = makespan_of(sim, graph, plan)
             plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
         chosen = min(spans, key=spans.__getitem__)
         if refine:

@@ -282,8 +282,7 @@ class HeftPolicy(Policy):
         self.insertion = insertion
         self._cost_key: tuple | None = None
         self._cost: np.ndarray = np.zeros((0, 0, 0))  # _costs' last result (for _cost_key)
-        self._by_edge_of: np.ndarray | None = None
-        self._by_edge_map: dict[tuple[int, int], list[list[float]]] = {}
+        self._by_edge: dict[tuple[int, int], list[list[float]]] = {}  # the same by edge, as lists
 
     def plan(self, graph: OpGraph, machine: Machine, model: PerfModel | None = None) -> Plan:
         """HEFT's plan (cached per (graph, machine, model) for the default insertion policy:
@@ -341,13 +340,16 @@ class HeftPolicy(Policy):
                 lanes += [(d, cpu_threads)] * (dev.cores // cpu_threads)
         return lanes
 
-    def _costs(self, graph: OpGraph, machine: Machine, model: PerfModel) -> np.ndarray:
+    def _costs(self, graph: OpGraph, machine: Machine,
+               model: PerfModel) -> tuple[np.ndarray, dict[tuple[int, int], list[list[float]]]]:
         """(edges, devices, devices): each edge's transfer cost between two devices
-        (0 on one device), in ``graph.edge_bytes`` order; computed once per plan and
-        per distinct byte count (the executor splits tried share it)."""
+        (0 on one device), in ``graph.edge_bytes`` order; and the same by edge as nested
+        lists of Python floats (the hot loop reads one entry per edge and device pair, and
+        numpy scalar indexing costs more).  Computed once per plan and per distinct byte
+        count (the executor splits tried share it)."""
         key = (id(graph), id(machine), id(model))
         if self._cost_key == key:
-            return self._cost
+            return self._cost, self._by_edge
         dev_ids = [dev.id for dev in machine.devices]
         nd = len(dev_ids)
         by_size: dict[float, np.ndarray] = {}
@@ -359,15 +361,8 @@ class HeftPolicy(Policy):
                 c = by_size[nbytes] = np.array([[model.transfer_time(nbytes, dev_ids[a], dev_ids[b], machine)
                                                  if a != b else 0.0 for b in range(nd)] for a in range(nd)])
             cost[e] = c
-        self._cost_key, self._cost = key, cost
-        return cost
-
-    def _by_edge(self, graph: OpGraph, cost: np.ndarray) -> dict[tuple[int, int], list[list[float]]]:
-        """``cost`` by edge as nested lists of Python floats (the hot loop reads one entry per
-        edge and device pair; numpy scalar indexing costs more); built once per cost table."""
-        if self._by_edge_of is not cost:
-            self._by_edge_of, self._by_edge_map = cost, dict(zip(graph.edge_bytes, cost.tolist()))
-        return self._by_edge_map
+        self._cost_key, self._cost, self._by_edge = key, cost, dict(zip(graph.edge_bytes, cost.tolist()))
+        return cost, self._by_edge
 
     def _schedule(self, graph: OpGraph, machine: Machine, model: PerfModel, table: TimeTable,
                   lanes: list[tuple[int, int]]) -> HeftSchedule:
@@ -379,12 +374,11 @@ class HeftPolicy(Policy):
         counts = np.bincount(groups, minlength=len(dev_ids)).astype(float)
         n_lanes = len(lanes)
         edge_bytes = graph.edge_bytes
-        cost = self._costs(graph, machine, model)
+        cost, by_edge = self._costs(graph, machine, model)
         # the mean over ordered pairs of distinct lanes (same-device pairs cost 0)
         means = np.einsum("a,eab,b->e", counts, cost, counts) / (n_lanes * (n_lanes - 1)) if n_lanes > 1 \
             else np.zeros(len(edge_bytes))
         mean_comm = dict(zip(edge_bytes, means.tolist()))
-        by_edge = self._by_edge(graph, cost)
 
         def transfer(i: int, j: int, a: int, b: int) -> float:
             return by_edge[i, j][a][b]

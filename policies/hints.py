@@ -25,7 +25,7 @@ from opsched.graph import OpGraph
 from opsched.lru import IdentityLRU
 from opsched.machine import Machine
 from opsched.plan import Plan
-from opsched.policies.base import MODEL_MAKESPAN
+from opsched.policies.base import makespan_of
 from opsched.policies.registry import HINT, names
 
 _CACHE = IdentityLRU(4096)
@@ -51,8 +51,7 @@ def heuristic_plans(graph: OpGraph, machine: Machine, model: Any = None,
         out = {}
         for name in chosen:
             plan = entry(name).make().plan(graph, machine, model)
-            span = plan.meta.get(MODEL_MAKESPAN)  # simulated by the heuristic itself, under this model
-            out[name] = (plan, sim.makespan(graph, plan, validate=False) if span is None else float(span))
+            out[name] = (plan, makespan_of(sim, graph, plan, validate=False))  # a policy's plans come validated
         return out
 
     return _CACHE.get_or_make(key, make, *(() if model is None else (model,)))

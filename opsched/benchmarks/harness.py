@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,24 @@ def pin_one_core() -> str:
         return f"pinned to CPU {cpu}"
     except (AttributeError, OSError) as exc:
         return f"not pinned ({exc})"
+
+
+@contextlib.contextmanager
+def one_core() -> Iterator[str]:
+    """:func:`pin_one_core` for one block of a benchmark that goes on after it: the
+    process's CPU affinity and its BLAS / OpenMP limits are put back at the end."""
+    from threadpoolctl import threadpool_limits
+
+    try:
+        affinity = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux: nothing to put back
+        affinity = None
+    with threadpool_limits(1):
+        try:
+            yield pin_one_core()
+        finally:
+            if affinity is not None:
+                os.sched_setaffinity(0, affinity)
 
 
 def doc_summary(doc: str | None, paragraph: bool = False) -> str:

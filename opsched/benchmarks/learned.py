@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -139,21 +138,10 @@ def planning_speed(policy: Any, repeats: int = 5) -> dict[str, Any]:
     meanwhile (as the other planning benchmarks: ``plan_search``, ``plan_budget``),
     then put back: unpinned, CPU time also counts helper threads spinning on the
     other core.  ``pinned`` says what was done."""
-    from threadpoolctl import threadpool_limits
+    from opsched.benchmarks.harness import one_core
 
-    from opsched.benchmarks.harness import pin_one_core
-
-    try:
-        affinity = os.sched_getaffinity(0)
-    except AttributeError:  # not Linux: nothing to put back
-        affinity = None
-    with threadpool_limits(1):
-        pinned = pin_one_core()
-        try:
-            out = _planning_times(policy, repeats)
-        finally:
-            if affinity is not None:
-                os.sched_setaffinity(0, affinity)
+    with one_core() as pinned:
+        out = _planning_times(policy, repeats)
     out["median_s"] = statistics.median(out.values())
     return {**out, "pinned": pinned}
 

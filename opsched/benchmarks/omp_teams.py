@@ -84,9 +84,7 @@ def measure(model: str, batch: int, rounds: int) -> dict[str, Any]:
     retired_pool, _, retired_run = corun_pool(retire=True)
 
     def clean() -> None:  # back to one team: the kept pool's team-holding worker exits now
-        kept_pool.retire_teams = True
-        kept_pool._retire_teams()
-        kept_pool.retire_teams = False
+        kept_pool.release_teams()
 
     def timed(fn: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
