@@ -131,7 +131,8 @@ class ValidationEvaluator:
             if episode is None:
                 return None
             ret, info = episode
-            trace = SimBackend(pair.machine, model=self.model).run(pair.graph, info["plan"])
+            # the plan an export of this policy would make: the hint followed member by member
+            trace = SimBackend(pair.machine, model=self.model).run(pair.graph, info["plan_followed"])
             makespans[pair.label] = float(trace.makespan)
             returns[pair.label] = ret
         ratios: dict[str, dict[str, float]] = {}

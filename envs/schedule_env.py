@@ -19,6 +19,7 @@ from opsched.engine.episode import Episode
 from opsched.engine.layout import EDGES_PER_NODE, MAX_DEVICES, MAX_LEVELS, ActionLayout, flatten_obs
 from opsched.engine.observe import EpisodeData, observation_space, prepare_episode
 from opsched.engine.sim import SimState
+from opsched.engine.slots import episode_plan
 from opsched.errors import OpschedError
 from opsched.graph import OpGraph
 from opsched.lru import IdentityLRU
@@ -186,7 +187,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     Terminated when every op has finished.  Never truncated (an episode has
     at most ``2 * ops`` steps: each step starts an op or waits for one to
     end).  The final ``info`` holds ``plan`` (a Plan for the *original* graph,
-    every op covered), ``trace`` (the simulated Trace of the scheduled graph),
+    every op covered), ``plan_followed`` (the same decisions following the
+    hint's plan member by member where they took the hinted one,
+    :func:`opsched.engine.slots.to_plan`: what an exported policy plans and
+    validation scores; ``plan`` itself without a hint; real mode measures
+    it), ``trace`` (the simulated Trace of the scheduled graph),
     ``makespan`` (seconds: simulated, or measured in real mode),
     ``sim_makespan``, ``reference``, ``lower_bound`` (of the original graph,
     :func:`opsched.engine.sim.lower_bound`) and ``coarsened``; in real mode
@@ -474,15 +479,17 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
     def _final_info(self) -> dict[str, Any]:
         data, st = self.episode_data, self._state
         assert st is not None, "_final_info is only called at the end of an episode"
-        plan = self._ep.plan("env", {"env": "opsched/Schedule-v0"})
+        meta = {"env": "opsched/Schedule-v0"}
+        plan = self._ep.plan("env", meta)
+        followed = plan if data.hint_follow is None else episode_plan(data, self._ep, "env", meta)
         trace = st.trace("sim")
         info: dict[str, Any] = {
-            "plan": plan, "trace": trace, "makespan": st.now, "sim_makespan": st.now,
+            "plan": plan, "plan_followed": followed, "trace": trace, "makespan": st.now, "sim_makespan": st.now,
             "reference": self._reference, "lower_bound": data.lower_bound,
             "coarsened": not data.coarsening.identity, "n_ops": len(data.graph.ops),
         }
         if self.backend_name != "sim":
-            m = self._measure(plan)
+            m = self._measure(followed)
             info.update(makespan=m["makespan"], measured_makespan=m["makespan"], measured_trace=m["trace"],
                         measured_op_times=dict(m["op_times"]))
         return info

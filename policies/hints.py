@@ -63,15 +63,19 @@ def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = N
     On a graph the policy does not coarsen that is the fastest plan.  On a
     coarsened one (more ops than ``max_nodes``) the policy decides per group,
     so what its greedy decoding can follow is the plan projected onto the
-    groups (:func:`opsched.engine.slots.from_plan`) and expanded back; a
-    moldable plan (CPA's: every op its own thread count) loses most there,
-    since a group takes one count for all its members (measured: CPA's plan
-    of an inception training step on knl-68, 1.10x the best heuristic,
-    replays at 5.5x once projected, critical-path-first's 1.39x at 1.41x).
-    So each plan's projection is expanded and simulated on ``data.graph``,
-    fastest plans first, stopping at the first plan whose own makespan is no
-    faster than the best projection so far (a projection seldom beats its
-    plan: the bound costs 1-3 simulations instead of one per heuristic).
+    groups (:func:`opsched.engine.slots.from_plan`) and expanded back, member
+    by member where a group keeps the projected decision
+    (:class:`opsched.engine.slots.Follow`).  Expanded group by group, a
+    moldable plan (CPA's: every op its own thread count) lost most there
+    (measured: CPA's plan of an inception training step on knl-68, 1.10x the
+    best heuristic, replayed at 5.5x; member by member at 1.10x).  The order
+    stays the groups', which can still cost a few percent (nasnet's training
+    step on 2x2080ti: HEFT's plan 1.053x, followed on the groups 1.080x).
+    So each plan's projection is expanded, following the plan, and simulated
+    on ``data.graph``, fastest plans first, stopping at the first plan whose
+    own makespan is no faster than the best projection so far (a projection
+    seldom beats its plan: the bound costs 1-3 simulations instead of one per
+    heuristic).
     Ties keep ``plans``' order, the registry's.  ``plans``: name -> (Plan,
     makespan on ``data.graph`` under ``model``), :func:`heuristic_plans`."""
     if not plans:
@@ -79,7 +83,7 @@ def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = N
     ranked = sorted(plans, key=lambda k: plans[k][1])  # stable: the first of equals
     if data.coarsening.identity:
         return ranked[0], plans[ranked[0]][0]
-    from opsched.engine.slots import from_plan, to_plan
+    from opsched.engine.slots import follow_of, to_plan
 
     sim = Simulator(data.machine, model)
     best, best_span = ranked[0], math.inf
@@ -87,7 +91,8 @@ def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = N
         plan, span = plans[name]
         if span >= best_span:
             break
-        expanded = to_plan(data, from_plan(data, plan, name), name)
+        follow = follow_of(data, plan, name)
+        expanded = to_plan(data, follow.slots, name, follow=follow)
         try:
             projected = sim.makespan(data.graph, expanded, validate=False)
         except ExecutionError:  # a projection that cannot run (holds across groups): not a hint

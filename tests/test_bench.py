@@ -431,3 +431,23 @@ def test_learned_planning_speed_pins_one_core_and_puts_the_affinity_back() -> No
     assert len(pairs) == 6 and all(v > 0 for v in pairs.values())
     assert res["median_s"] == pytest.approx(sorted(pairs.values())[2:4][0] / 2 + sorted(pairs.values())[2:4][1] / 2)
     assert res["pinned"].startswith(("pinned to CPU", "not pinned"))
+
+
+def test_learned_reports_how_often_the_greedy_decoding_kept_its_hint(tmp_path: Path) -> None:
+    """bench/learned.py's rows count the greedy decoding's slots that took the hint's
+    decision, and the report gives each group's share."""
+    from opsched.benchmarks.learned import evaluate, summarise, write_markdown
+    from opsched.policies.exported import load, pretrained_path
+
+    rows = evaluate(load(pretrained_path()), [("cpu", "layered:30:904", "knl-68"),
+                                              ("gpu", "erdos_renyi:150:902", "dgx1-4v100")], ks=(0,))
+    assert [r["greedy_hint_kept"][1] for r in rows] == [30, 128]  # every slot, coarsened or not
+    assert all(0 <= kept <= n for kept, n in (r["greedy_hint_kept"] for r in rows))
+    summary = summarise(rows, 0)
+    assert summary["all"]["hint_kept"] == pytest.approx(
+        sum(r["greedy_hint_kept"][0] for r in rows) / 158)
+    res = {"summary": summary, "rows": rows, "policy": "p", "command": "c", "host": {"host": "h", "cpu_count": 2},
+           "load_start": (0, 0, 0), "load_end": (0, 0, 0), "seconds": 1.0, "default_k": 0, "refine": 10}
+    write_markdown(res, tmp_path / "learned.md")
+    text = (tmp_path / "learned.md").read_text()
+    assert "| hint kept |" in text and f"| {summary['all']['hint_kept']:.3f} |" in text

@@ -6,20 +6,21 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from opsched.engine.observe import attach_hint, prepare_episode
 from opsched.engine.sim import Simulator
-from opsched.engine.slots import from_plan, to_plan
+from opsched.engine.slots import follow_of, from_plan, to_plan
 from opsched.machine import get_machine
 from opsched.policies.hints import best_heuristic, heuristic_plans, hint_names, slot_hint
 from opsched.specs import load_graph, load_machine
 
 
 def projected(data, plan) -> float:
-    """The makespan of ``plan`` as the episode's slots run it: projected, expanded, simulated."""
-    return Simulator(data.machine).makespan(data.graph, to_plan(data, from_plan(data, plan), "p"))
+    """The makespan of ``plan`` as the episode's slots run it: projected, expanded following it, simulated."""
+    follow = follow_of(data, plan)
+    return Simulator(data.machine).makespan(data.graph, to_plan(data, follow.slots, "p", follow=follow))
 
 
 def test_cpa_is_a_hint_heuristic():
@@ -70,6 +71,37 @@ def test_a_plan_that_keeps_every_group_on_one_device_has_one_projection(seed, ma
         assert same or _splits_a_group(data, plan), name
 
 
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), max_nodes=st.sampled_from([8, 24, 128]))
+@example(seed=3, max_nodes=128).via("tf-recommended's 20 ops at 28 threads, off the 56-core grid")
+@example(seed=3, max_nodes=8).via("the same, coarsened")
+def test_a_slot_plan_that_keeps_the_projection_follows_the_plan_member_by_member(seed, max_nodes):
+    """Expanded following a plan, its own projection gives every op the plan's device and
+    thread count (on a coarsened graph or not; a thread count off the level grid included);
+    a slot moved to another decision is expanded as the slot plan says, and is not counted."""
+    g, m = load_graph(f"layered:60:{seed}"), load_machine(f"random:{seed % 48}")
+    data = prepare_episode(g, m, None, max_nodes, 4 * max_nodes)
+    for name, (plan, _) in heuristic_plans(g, m).items():
+        follow = follow_of(data, plan, name)
+        full = to_plan(data, follow.slots, name, follow=follow)
+        assert full.meta["followed"] == data.n
+        for op in g.ops:
+            assert (full[op.id].device, full[op.id].threads) == (plan[op.id].device, plan[op.id].threads), name
+        full.validate(g, m)
+        moved = follow.slots.copy()
+        levels = data.static.levels[moved.device[0]]
+        moved.level[0] = (moved.level[0] + 1) % len(levels)
+        if len(levels) == 1:
+            continue
+        out = to_plan(data, moved, name, follow=follow)
+        assert out.meta["followed"] == data.n - 1
+        plain = to_plan(data, moved, name)
+        ids = [op.id for op in g.ops]
+        for i in data.coarsening.groups[0]:
+            assert out[ids[i]] == plain[ids[i]]
+            assert out[ids[i]].threads == levels[moved.level[0]]
+
+
 def test_slot_hint_refuses_an_empty_choice():
     g, m = load_graph("layered:20:1"), get_machine("knl-68")
     with pytest.raises(ValueError, match="no heuristic plan"):
@@ -94,3 +126,30 @@ def test_the_environment_and_the_exported_scheduler_read_the_same_hint():
     alone = learned.plan(g, m, samples=0, candidates=(), refine=0)
     assert alone.assignments == decode(learned, data).assignments
     assert math.isfinite(Simulator(m).makespan(g, alone))
+
+
+def test_refining_a_plan_offers_it_followed_and_on_the_level_grid():
+    """Plan-time refinement of a moldable plan on a coarsened graph: the first expansion
+    keeps the plan's own device and threads in every slot search left as it was, the
+    second (where they differ) is search's own slot-by-slot plan on the level grid."""
+    from opsched.policies.exported import _refine
+
+    g, m = load_graph("erdos_renyi:80:3"), get_machine("knl-68")
+    data = prepare_episode(g, m, None, 32, 128)
+    plan = heuristic_plans(g, m)["cpa"][0]
+    found = _refine(data, plan, "cpa", 60, np.random.default_rng(0))
+    assert len(found) == 2
+    followed, plain = found
+    start, ids = from_plan(data, plan), [op.id for op in g.ops]
+    searched = from_plan(data, plain)
+    kept = [k for k in range(data.n)
+            if (searched.device[k], searched.level[k]) == (start.device[k], start.level[k])]
+    assert 0 < followed.meta["followed"] == len(kept) < data.n
+    for k in kept:
+        for i in data.coarsening.groups[k]:
+            assert (followed[ids[i]].device, followed[ids[i]].threads) == (plan[ids[i]].device, plan[ids[i]].threads)
+    grid = {d.id: set(d.thread_levels()) for d in m.devices}
+    assert all(a.threads in grid[a.device] for a in plain.assignments.values())
+    assert any(followed[k] != plain[k] for k in ids)
+    for p in found:
+        p.validate(g, m)

@@ -98,6 +98,8 @@ def evaluate(policy: Any, pairs: Sequence[tuple[str, str, str]], ks: Sequence[in
         greedy = policy.plan(graph, machine, model, samples=0, candidates=(), refine=0)
         row["greedy_plan_s"] = time.perf_counter() - t0
         row["greedy_s"] = float(sim.run(graph, greedy).makespan)
+        # slots whose decision is the hint's (followed member by member; engine/slots.Follow)
+        row["greedy_hint_kept"] = [int(greedy.meta.get("followed", 0)), int(greedy.meta["slots"])]
         no_refine = policy.plan(graph, machine, model, refine=0)
         row["no_refine_s"] = float(sim.run(graph, no_refine).makespan)
         for k in ks:
@@ -123,10 +125,12 @@ def summarise(rows: Sequence[dict[str, Any]], default_k: int) -> dict[str, Any]:
         curve = {k: geomean([r["k"][k]["makespan_s"] / r["best_s"] for r in sel]) for k in sel[0]["k"]}
         times = {k: statistics.median(r["k"][k]["plan_s"] for r in sel) for k in sel[0]["k"]}
         wins = sum(not r["k"][str(default_k)]["chosen"].startswith("heuristic:") for r in sel)
+        kept = [r["greedy_hint_kept"] for r in sel if "greedy_hint_kept" in r]
         out[group] = {"pairs": len(sel), "greedy_gmean": geomean(greedy), "greedy_worst": max(greedy),
                       "default_gmean": geomean(default), "default_worst": max(default),
                       "no_refine_gmean": geomean(no_refine),
-                      "policy_chosen": wins, "k_gmean": curve, "k_plan_s_median": times}
+                      "policy_chosen": wins, "k_gmean": curve, "k_plan_s_median": times,
+                      "hint_kept": sum(k for k, _ in kept) / max(1, sum(n for _, n in kept)) if kept else None}
     return out
 
 
@@ -236,12 +240,15 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
              "biCPA and LP rounding included), geometric mean over the pairs, and the worst pair.",
              "*greedy*: the policy's decoding alone; *default*: with its plan-time search "
              f"({res['default_k']} sampled decodings + every heuristic as a candidate, the best improved by "
-             f"{res['refine']} local-search steps); *no refine*: the same without the local search.", "",
-             "| group | pairs | greedy gmean | greedy worst | no refine gmean | default gmean | default worst | "
-             "learned or refined plan chosen |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{res['refine']} local-search steps); *no refine*: the same without the local search; "
+             "*hint kept*: the share of the greedy decoding's slot decisions that are the hint's (each then "
+             "follows the hint's plan member by member).", "",
+             "| group | pairs | greedy gmean | greedy worst | hint kept | no refine gmean | default gmean | "
+             "default worst | learned or refined plan chosen |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g, v in s.items():
-        lines.append(f"| {g} | {v['pairs']} | {v['greedy_gmean']:.3f} | {v['greedy_worst']:.3f} | "
+        kept = "-" if v.get("hint_kept") is None else f"{v['hint_kept']:.3f}"
+        lines.append(f"| {g} | {v['pairs']} | {v['greedy_gmean']:.3f} | {v['greedy_worst']:.3f} | {kept} | "
                      f"{v['no_refine_gmean']:.3f} | {v['default_gmean']:.3f} | {v['default_worst']:.3f} | "
                      f"{v['policy_chosen']} |")
     allk = s["all"]
@@ -341,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_markdown(res, out / "learned.md")
     plot(res, out / "learned.png")
     for g, v in res["summary"].items():
-        print(f"{g:10s} pairs {v['pairs']:3d}  greedy x{v['greedy_gmean']:.3f} (worst {v['greedy_worst']:.3f})  "
+        kept = "" if v.get("hint_kept") is None else f", hint kept {v['hint_kept']:.3f}"
+        print(f"{g:10s} pairs {v['pairs']:3d}  greedy x{v['greedy_gmean']:.3f} (worst {v['greedy_worst']:.3f}{kept})  "
               f"default x{v['default_gmean']:.3f} (worst {v['default_worst']:.3f})")
     print(f"wrote {out / 'learned.md'}")
     return 0

@@ -96,6 +96,7 @@ class EpisodeData:
     log_nodes: float
     node_levels: np.ndarray     # (N, MAX_LEVELS) float32: level_features of the scheduled graph
     hint_after: tuple[tuple[int, ...], ...] = ()  # per slot, the slots the hinted plan holds it for
+    hint_follow: Any = None     # engine/slots.Follow of the hint: what a decoded plan follows member by member
     fits_cache: dict = field(default_factory=dict)  # free slots per device -> flat (device, level) fits
     projections: dict = field(default_factory=dict)  # id(plan) -> (plan, SlotPlan): engine/slots.from_plan's cache
 
@@ -162,11 +163,15 @@ def attach_hint(data: EpisodeData, hint: Plan) -> None:
     """Read ``hint`` (a Plan for ``data.graph``), projected onto the episode's
     slots, into the ``hint_*`` columns of ``data.node_static`` and
     ``data.hint_after`` (the hint of :func:`prepare_episode`, for callers that
-    choose it from the episode: :func:`opsched.policies.hints.slot_hint`)."""
-    from opsched.engine.slots import from_plan
+    choose it from the episode: :func:`opsched.policies.hints.slot_hint`), and
+    ``data.hint_follow``: the hint's plan with that projection, which a decoded
+    episode's plan follows member by member where it takes the hinted decision
+    (:func:`opsched.engine.slots.to_plan`)."""
+    from opsched.engine.slots import Follow, from_plan
 
     static, n, node_static = data.static, data.static.n, data.node_static
     sp = from_plan(data, hint, hint.policy)
+    data.hint_follow = Follow(hint, sp)
     node_static[:n, _S["hint_device"]] = (np.asarray(sp.device) + 1.0) / MAX_DEVICES
     node_static[:n, _S["hint_level"]] = (np.asarray(sp.level) + 1.0) / MAX_LEVELS
     node_static[:n, _S["hint_threads"]] = [static.levels[d][lv] / static.caps[d]
