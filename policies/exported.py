@@ -742,6 +742,5 @@ def decode(policy: ExportedPolicy, data: Any, rng: np.random.Generator | None = 
         "decisions": decisions, "forced": forced, "sim_makespan": float(now) if math.isfinite(now) else None})
 
 
-
 __all__ = ["pick", "DEFAULT_PLANNING", "ExportedPolicy", "FORMAT_VERSION", "decode", "decode_episode", "POLICY_FORMAT", "action_spec", "array_digest", "load",
            "observation_spec", "pretrained_path", "write_policy"]

@@ -274,4 +274,5 @@ def best_of(data: Any, plans: Sequence[SlotPlan]) -> SlotPlan:
     return min(plans, key=lambda sp: sp.makespan)
 
 
-__all__ = ["Follow", "SlotPlan", "best_of", "follow_of", "episode_plan", "from_episode", "from_plan", "makespan", "to_plan"]
+__all__ = ["Follow", "SlotPlan", "best_of", "episode_plan", "follow_of", "from_episode", "from_plan", "makespan",
+           "to_plan"]
