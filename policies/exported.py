@@ -617,9 +617,9 @@ class ExportedPolicy(Policy):
             plans[f"heuristic:{name}"], spans[f"heuristic:{name}"] = plan, span
         chosen = min(spans, key=spans.__getitem__)
         if refine:
+            key = f"refined({chosen})"
             for found in _refine(data, plans[chosen], chosen, refine, np.random.default_rng([seed, 0x5EA])):
                 span = sim.makespan(graph, found)
-                key = f"refined({chosen})"
                 if span < min(spans[chosen], spans.get(key, math.inf)) * (1.0 - 1e-9):
                     plans[key], spans[key] = found, span
         meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine}

@@ -125,12 +125,12 @@ def summarise(rows: Sequence[dict[str, Any]], default_k: int) -> dict[str, Any]:
         curve = {k: geomean([r["k"][k]["makespan_s"] / r["best_s"] for r in sel]) for k in sel[0]["k"]}
         times = {k: statistics.median(r["k"][k]["plan_s"] for r in sel) for k in sel[0]["k"]}
         wins = sum(not r["k"][str(default_k)]["chosen"].startswith("heuristic:") for r in sel)
-        kept = [r["greedy_hint_kept"] for r in sel if "greedy_hint_kept" in r]
+        kept = [r["greedy_hint_kept"] for r in sel]
         out[group] = {"pairs": len(sel), "greedy_gmean": geomean(greedy), "greedy_worst": max(greedy),
                       "default_gmean": geomean(default), "default_worst": max(default),
                       "no_refine_gmean": geomean(no_refine),
                       "policy_chosen": wins, "k_gmean": curve, "k_plan_s_median": times,
-                      "hint_kept": sum(k for k, _ in kept) / max(1, sum(n for _, n in kept)) if kept else None}
+                      "hint_kept": sum(k for k, _ in kept) / sum(n for _, n in kept)}
     return out
 
 
@@ -247,8 +247,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> None:
              "default worst | learned or refined plan chosen |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g, v in s.items():
-        kept = "-" if v.get("hint_kept") is None else f"{v['hint_kept']:.3f}"
-        lines.append(f"| {g} | {v['pairs']} | {v['greedy_gmean']:.3f} | {v['greedy_worst']:.3f} | {kept} | "
+        lines.append(f"| {g} | {v['pairs']} | {v['greedy_gmean']:.3f} | {v['greedy_worst']:.3f} | {v['hint_kept']:.3f} | "
                      f"{v['no_refine_gmean']:.3f} | {v['default_gmean']:.3f} | {v['default_worst']:.3f} | "
                      f"{v['policy_chosen']} |")
     allk = s["all"]
@@ -348,8 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_markdown(res, out / "learned.md")
     plot(res, out / "learned.png")
     for g, v in res["summary"].items():
-        kept = "" if v.get("hint_kept") is None else f", hint kept {v['hint_kept']:.3f}"
-        print(f"{g:10s} pairs {v['pairs']:3d}  greedy x{v['greedy_gmean']:.3f} (worst {v['greedy_worst']:.3f}{kept})  "
+        print(f"{g:10s} pairs {v['pairs']:3d}  greedy x{v['greedy_gmean']:.3f} (worst {v['greedy_worst']:.3f}, "
+              f"hint kept {v['hint_kept']:.3f})  "
               f"default x{v['default_gmean']:.3f} (worst {v['default_worst']:.3f})")
     print(f"wrote {out / 'learned.md'}")
     return 0

@@ -167,11 +167,11 @@ def attach_hint(data: EpisodeData, hint: Plan) -> None:
     ``data.hint_follow``: the hint's plan with that projection, which a decoded
     episode's plan follows member by member where it takes the hinted decision
     (:func:`opsched.engine.slots.to_plan`)."""
-    from opsched.engine.slots import Follow, from_plan
+    from opsched.engine.slots import follow_of
 
     static, n, node_static = data.static, data.static.n, data.node_static
-    sp = from_plan(data, hint, hint.policy)
-    data.hint_follow = Follow(hint, sp)
+    data.hint_follow = follow_of(data, hint, hint.policy)
+    sp = data.hint_follow.slots
     node_static[:n, _S["hint_device"]] = (np.asarray(sp.device) + 1.0) / MAX_DEVICES
     node_static[:n, _S["hint_level"]] = (np.asarray(sp.level) + 1.0) / MAX_LEVELS
     node_static[:n, _S["hint_threads"]] = [static.levels[d][lv] / static.caps[d]
