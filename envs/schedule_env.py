@@ -226,8 +226,11 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
       env does not close it, and ``machine`` defaults to its machine);
       ``real_warmup`` (1), ``real_repeats`` (3), ``reference`` ("sim" / "measured").
     * ``hint_plan`` (True): the ``hint_*`` columns hold the best hint
-      heuristic's plan; False: they are 0 (a policy that stands on its own,
-      the ``hint_observation`` training setting).
+      heuristic's plan (chosen among the ``hint`` heuristics and those the
+      default plan-time search adds for the graph,
+      :func:`opsched.policies.hints.episode_heuristics`); False: they are 0
+      (a policy that stands on its own, the ``hint_observation`` training
+      setting).
     * ``render_mode``: ``None`` or ``"ansi"`` (a text summary of the state).
 
     ## Version History
@@ -319,11 +322,12 @@ class ScheduleEnv(gym.Env[dict, np.int64]):
 
     def _episode(self, graph: OpGraph, machine: Machine) -> EpisodeData:
         def make() -> EpisodeData:
-            from opsched.policies.hints import attach_slot_hint, heuristic_plans
+            from opsched.policies.hints import attach_slot_hint, episode_heuristics, hint_names
 
             data = prepare_episode(graph, machine, self.model, self.max_nodes, self.max_edges)
             if self.hint_plan:  # the observation's hint_* columns (all 0 without the hint)
-                attach_slot_hint(data, heuristic_plans(graph, machine, self.model), self.model)
+                plans = episode_heuristics(graph, machine, self.model, hint_names(), self.max_nodes)
+                attach_slot_hint(data, plans, self.model)
             return data
 
         return self._cache.get_or_make((id(graph), id(machine)), make, graph, machine)

@@ -64,6 +64,10 @@ LP_COST: dict[bool, float] = {False: 0.5, True: 3.0}
 STEP_COST = 0.015
 #: No graph gets more local-search steps than this (a 5-op graph would otherwise get thousands).
 MAX_STEPS = 2000
+#: The default search's budget graph (``budget_ops``) and the share of spare planning time it
+#: spends (``fill``): :data:`opsched.policies.exported.DEFAULT_PLANNING` holds these.
+BUDGET_OPS = 200
+FILL = 0.7
 #: The heuristic the spare budget may add as a candidate.
 BUDGET_EXTRA = "lp-rounding"
 #: The heuristics a graph larger than the budget graph gets as candidates on a machine without GPUs
@@ -108,4 +112,29 @@ def search_budget(n_ops: int, has_gpu: bool, refine: int, fill: float, budget_op
     return SearchBudget(steps, extra)
 
 
-__all__ = ["BUDGET_EXTRA", "LARGE_EXTRA", "LP_COST", "MAX_STEPS", "STEP_COST", "SearchBudget", "search_budget"]
+def planned_size(n_ops: int, max_nodes: int, budget_ops: int) -> int:
+    """The op count the budget charges a graph of ``n_ops`` ops for: its own, or at
+    least ``budget_ops`` when the policy coarsens it (more than ``max_nodes`` ops),
+    since planning a coarsened graph costs about as much as the budget graph."""
+    return max(1, n_ops if n_ops <= max_nodes else max(n_ops, budget_ops))
+
+
+def hint_extra(n_ops: int, max_nodes: int, has_gpu: bool) -> tuple[str, ...]:
+    """The heuristics the *default* search adds as candidates for a graph of ``n_ops`` ops
+    (:func:`search_budget`'s ``extra`` at :data:`BUDGET_OPS`, :data:`FILL`, large baselines
+    on): LP rounding where it fits the spare budget, biCPA and LP rounding on a graph
+    larger than the budget graph without GPUs.
+
+    A policy exported with ``hint_budget`` (:mod:`opsched.policies.exported`) adds them
+    to its hint heuristics, in training and at plan time alike, so its greedy decoding
+    is hinted with every plan the default search computes anyway.  Fixed, not read from
+    a plan call's options: the hint is part of the observation, which must be the one
+    the policy was trained on whatever search a user asks for.  Measured with the
+    shipped weights (the greedy decoding / the best baseline heuristic; issue 23,
+    docs/learning.md): validation 1.0157 -> 1.0109, the training split's coarsened
+    graphs (66 pairs) 1.0341 -> 1.0156, worst 1.615 -> 1.229."""
+    return search_budget(planned_size(n_ops, max_nodes, BUDGET_OPS), has_gpu, 0, FILL, BUDGET_OPS, True).extra
+
+
+__all__ = ["BUDGET_EXTRA", "BUDGET_OPS", "FILL", "LARGE_EXTRA", "LP_COST", "MAX_STEPS", "STEP_COST", "SearchBudget",
+           "hint_extra", "planned_size", "search_budget"]

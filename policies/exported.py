@@ -79,7 +79,7 @@ from opsched.io import atomic_write_bytes, atomic_write_text
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy, makespan_of
-from opsched.policies.budget import search_budget
+from opsched.policies.budget import BUDGET_OPS, FILL, planned_size, search_budget
 from opsched.policies.numpy_encoder import NumpyEncoder, array_shapes, greedy
 
 POLICY_FORMAT = "opsched.policy"
@@ -114,6 +114,10 @@ HINTS_KEY = "hint_heuristics"
 #: The observation entry that says whether that plan fills the ``hint_*`` columns (absent: true,
 #: as in every export written before it; false: a policy trained with ``hint_observation: false``).
 HINT_PLAN_KEY = "hint_plan"
+#: The observation entry that says whether the hint is also chosen from the heuristics the default
+#: search adds for the graph (:func:`opsched.policies.budget.hint_extra`; absent: false, as in every
+#: export written before it; new exports: true, as training's environment does).
+HINT_BUDGET_KEY = "hint_budget"
 
 
 def observation_spec(max_nodes: int, max_edges: int, levels: int = 0, hint_plan: bool = True) -> dict[str, Any]:
@@ -123,12 +127,14 @@ def observation_spec(max_nodes: int, max_edges: int, levels: int = 0, hint_plan:
     exports lack the entry and read none).  ``hint_heuristics``: the registry's
     ``hint`` heuristics (:func:`opsched.policies.hints.hint_names`), whose best
     plan fills the ``hint_*`` columns: another set is another observation.
-    ``hint_plan``: whether it does (false: the columns are 0, the policy stands on its own)."""
+    ``hint_plan``: whether it does (false: the columns are 0, the policy stands on its own).
+    ``hint_budget``: the hint is chosen from the heuristics the default search adds for the
+    graph too (:func:`opsched.policies.hints.episode_heuristics`), as training's environment does."""
     from opsched.policies.hints import hint_names
 
     return {
         "max_nodes": int(max_nodes), "max_edges": int(max_edges), LEVEL_KEY: int(levels),
-        HINTS_KEY: list(hint_names()), HINT_PLAN_KEY: bool(hint_plan),
+        HINTS_KEY: list(hint_names()), HINT_PLAN_KEY: bool(hint_plan), HINT_BUDGET_KEY: True,
         "max_devices": MAX_DEVICES, "max_levels": MAX_LEVELS,
         "static_features": list(STATIC_FEATURES), "dynamic_features": list(DYNAMIC_FEATURES),
         "hardware_features": list(HARDWARE_FEATURES), "global_features": list(GLOBAL_FEATURES),
@@ -336,6 +342,8 @@ def _read_meta(f: Path) -> dict[str, Any]:
     _check_hints(f, obs.get(HINTS_KEY, list(LEGACY_HINTS)))
     if type(obs.get(HINT_PLAN_KEY, True)) is not bool:
         raise _fail(f, f"{HINT_PLAN_KEY} must be true or false, not {obs[HINT_PLAN_KEY]!r}")
+    if type(obs.get(HINT_BUDGET_KEY, False)) is not bool:
+        raise _fail(f, f"{HINT_BUDGET_KEY} must be true or false, not {obs[HINT_BUDGET_KEY]!r}")
     expected = {k: list(v) for k, v in array_shapes(hidden, rounds, levels).items()}
     if shapes != expected:
         diff = sorted(set(shapes) ^ set(expected)) or sorted(k for k in shapes if shapes[k] != expected[k])
@@ -490,6 +498,9 @@ class ExportedPolicy(Policy):
         self.hints: tuple[str, ...] = tuple(meta["observation"].get(HINTS_KEY, LEGACY_HINTS))
         #: Whether their best plan fills the observation's ``hint_*`` columns (else they are 0).
         self.hint_plan = bool(meta["observation"].get(HINT_PLAN_KEY, True))
+        #: Whether the hint is chosen from the default search's extra heuristics too
+        #: (:func:`opsched.policies.hints.episode_heuristics`; exports before it: no).
+        self.hint_budget = bool(meta["observation"].get(HINT_BUDGET_KEY, False))
         #: Identifies this policy's decisions (for plan caches): its whole description,
         #: which holds the arrays' hashes, its sizes and limits.
         self.digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
@@ -537,7 +548,8 @@ class ExportedPolicy(Policy):
         than the budget graph on a machine without GPUs:
         :func:`opsched.policies.budget.search_budget`) and the fastest plan
         found is returned - its origin in ``plan.meta["chosen"]``, every
-        candidate's makespan in ``plan.meta["candidates"]``.  Seeded by
+        candidate's makespan in ``plan.meta["candidates"]``, the heuristic
+        whose plan hinted the policy in ``plan.meta["hint"]``.  Seeded by
         ``seed``: the same call, the same plan.  So the result is never
         slower than the best candidate heuristic under the model it was
         planned with.  ``samples=0, candidates=(), refine=0`` is the policy
@@ -576,25 +588,25 @@ class ExportedPolicy(Policy):
                               f"{temperature}, {scale}, {fill}")
         self.check(graph, machine)
         budget_ops = int(cfg["budget_ops"])
-        # a graph the policy coarsens (more ops than max_nodes) costs as much to plan as the budget graph: no spare
-        size = len(graph.ops) if len(graph.ops) <= self.max_nodes else max(len(graph.ops), budget_ops)
-        budget = search_budget(max(1, size), bool(machine.gpus), refine, fill, budget_ops, large_baselines)
+        size = planned_size(len(graph.ops), self.max_nodes, budget_ops)
+        budget = search_budget(size, bool(machine.gpus), refine, fill, budget_ops, large_baselines)
         refine = budget.steps
         added: tuple[str, ...] = ()  # candidates only the spare budget brought
         if candidates is None:  # the spare budget adds candidates to the default list only, never to a named one
             added = tuple(x for x in budget.extra if x not in names)
             names = (*names, *added)
         from opsched.engine.sim import Simulator
-        from opsched.policies.hints import attach_slot_hint, heuristic_plans
+        from opsched.policies.hints import attach_slot_hint, episode_heuristics
         from opsched.policies.registry import entry
 
-        heuristics = heuristic_plans(graph, machine, model, self.hints)  # the hint, and the default candidates
+        # the hint's plans, and the default candidates' (the budget's extras among them where they are hints)
+        heuristics = episode_heuristics(graph, machine, model, self.hints, self.max_nodes,
+                                        self.hint_plan and self.hint_budget)
         try:
             data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
-        if self.hint_plan:  # else the hint_* columns are 0, as in training
-            attach_slot_hint(data, heuristics, model)
+        hint = attach_slot_hint(data, heuristics, model) if self.hint_plan else None  # else 0s, as in training
         with _one_blas_thread():
             plans = {"greedy": decode(self, data, prior_scale=scale)}
             for k in range(samples):
@@ -622,7 +634,7 @@ class ExportedPolicy(Policy):
                 span = sim.makespan(graph, found)
                 if span < min(spans[chosen], spans.get(key, math.inf)) * (1.0 - 1e-9):
                     plans[key], spans[key] = found, span
-        meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine}
+        meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine, "hint": hint}
         return {k: (Plan(p.assignments, p.graph_fingerprint, p.machine_fingerprint, self.name,
                          {**p.meta, **meta, "chosen": k}), spans[k]) for k, p in plans.items()}
 
@@ -693,7 +705,7 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: same benchmark, its 20 large-graph pairs without GPUs: 1.029 -> 0.999x the best
 #: heuristic, median planning 146 -> 320 ms; :mod:`opsched.policies.budget`).
 DEFAULT_PLANNING: dict[str, Any] = {
-    "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0, "budget_ops": 200, "fill": 0.7,
+    "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0, "budget_ops": BUDGET_OPS, "fill": FILL,
     "large_baselines": True,
 }  # the candidates default to the policy's hint heuristics (ExportedPolicy.hints) plus EXTRA_CANDIDATES
 #: Candidates beyond the hint heuristics: CPA (Radulescu & van Gemund), the
@@ -739,7 +751,8 @@ def decode(policy: ExportedPolicy, data: Any, rng: np.random.Generator | None = 
 
     return episode_plan(data, ep, policy.name, {
         "policy_dir": str(policy.folder), "source_run": src.get("run"), "slots": data.n,
-        "decisions": decisions, "forced": forced, "sim_makespan": float(now) if math.isfinite(now) else None})
+        "decisions": decisions, "forced": forced, "sim_makespan": float(now) if math.isfinite(now) else None,
+        "hint": None if data.hint_follow is None else data.hint_follow.plan.policy})
 
 
 __all__ = ["pick", "DEFAULT_PLANNING", "ExportedPolicy", "FORMAT_VERSION", "decode", "decode_episode", "POLICY_FORMAT", "action_spec", "array_digest", "load",

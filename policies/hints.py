@@ -8,7 +8,12 @@ the candidates the policy must beat.  Which plan is the hint:
 :func:`slot_hint`, the fastest as the episode's slots run it (on a coarsened
 graph, not always the fastest plan).  The heuristics are those registered
 with the ``hint`` role (:func:`hint_names`; recorded in every exported
-``policy.json``).  Computed once per (graph, machine, performance model) and
+``policy.json``) and, for a policy exported with ``hint_budget`` (every one
+since issue 23's budget hint), those the default search adds for the graph
+anyway (:func:`episode_heuristics`): LP rounding on a small graph, biCPA and
+LP rounding on a large one without GPUs, where each is often the best plan
+and the greedy decoding, which keeps its hint, lost to them (up to 1.37x on
+the test split).  Computed once per (graph, machine, performance model) and
 cached: the environment, imitation and the exported scheduler ask for the
 same pairs many times.
 """
@@ -55,6 +60,30 @@ def heuristic_plans(graph: OpGraph, machine: Machine, model: Any = None,
         return out
 
     return _CACHE.get_or_make(key, make, *(() if model is None else (model,)))
+
+
+def episode_heuristics(graph: OpGraph, machine: Machine, model: Any, hints: Sequence[str], max_nodes: int,
+                       budget: bool = True) -> dict[str, tuple[Plan, float]]:
+    """The plans an episode's hint is chosen from (:func:`slot_hint`): ``hints``' plans
+    (:func:`heuristic_plans`), and with ``budget`` those of
+    :func:`opsched.policies.budget.hint_extra` for this graph and machine after them
+    (ties then keep the hint heuristics').  An extra heuristic that fails on the graph
+    (:class:`~opsched.errors.OpschedError`) is left out, as the default search leaves
+    it out of its candidates.  Training's environment and the exported scheduler both
+    call this, so both see the same hint."""
+    from opsched.errors import OpschedError
+    from opsched.policies.budget import hint_extra
+
+    plans = dict(heuristic_plans(graph, machine, model, hints))
+    if budget:
+        for name in hint_extra(len(graph.ops), max_nodes, bool(machine.gpus)):
+            if name in plans:
+                continue
+            try:
+                plans.update(heuristic_plans(graph, machine, model, (name,)))
+            except OpschedError:
+                continue
+    return plans
 
 
 def slot_hint(data: Any, plans: Mapping[str, tuple[Plan, float]], model: Any = None) -> tuple[str, Plan]:
@@ -134,4 +163,4 @@ def best_heuristic(graph: OpGraph, machine: Machine, model: Any = None,
     return name, plans[name][0], plans[name][1]
 
 
-__all__ = ["attach_slot_hint", "best_heuristic", "clear_cache", "heuristic_plans", "hint_names", "slot_hint"]
+__all__ = ["attach_slot_hint", "best_heuristic", "clear_cache", "episode_heuristics", "heuristic_plans", "hint_names", "slot_hint"]

@@ -332,6 +332,10 @@ def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeyp
     for row in res["rows"]:
         assert all(row[v] > 0.5 for v in hint_choice.VARIANTS)  # a ratio to the best baseline, not a time
         assert row["orig+cpa_hint"] in ("cpa", row["orig_hint"])  # adding CPA can only make CPA the best
+        assert row["orig+budget_hint"] in ("bicpa", "lp-rounding", row["orig_hint"])
+    # the first validation pair (inception, 308 ops, on a CPU-only machine) gets biCPA and LP rounding as hints
+    assert res["rows"][0]["slot+budget_hint"] in ("bicpa", "lp-rounding")
+    assert res["rows"][0]["slot+budget"] < res["rows"][0]["slot"]
     assert res["summary"]["all"]["orig"]["gmean"] == pytest.approx(
         geomean(r["orig"] for r in res["rows"]))
 
@@ -451,3 +455,8 @@ def test_learned_reports_how_often_the_greedy_decoding_kept_its_hint(tmp_path: P
     write_markdown(res, tmp_path / "learned.md")
     text = (tmp_path / "learned.md").read_text()
     assert "| hint kept |" in text and f"| {summary['all']['hint_kept']:.3f} |" in text
+    from opsched.policies.hints import hint_names
+
+    # the hint of each pair is named: on the 30-op graph a heuristic the default search adds may be it
+    assert all(r["greedy_hint"] in (*hint_names(), "lp-rounding") for r in rows)
+    assert all(f"| {r['best_heuristic']} | {r['greedy_hint']} |" in text for r in rows)

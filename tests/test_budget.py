@@ -107,12 +107,13 @@ def test_a_large_graph_on_a_cpu_machine_is_never_slower_than_any_baseline(learne
 
 def test_a_failing_budget_candidate_is_skipped_but_a_named_one_is_not(learned, monkeypatch):
     from opsched.errors import OpschedError
-    from opsched.policies import lp_rounding
+    from opsched.policies import hints, lp_rounding
 
     def broken(self, graph, machine, model=None):
         raise OpschedError("LP solver gave up")
 
     monkeypatch.setattr(lp_rounding.LPRounding, "plan", broken)
+    hints.clear_cache()  # LP rounding's plan of this graph is cached from the tests above
     g, m = generate("layered", 30, 5), get_machine("knl-68")
     plan = learned.plan(g, m)
     plan.validate(g, m)
@@ -128,3 +129,19 @@ def test_a_coarsened_graph_has_no_spare_budget(learned):
     plan = learned.plan(g, m)
     assert plan.meta["refine_steps"] == learned.planning()["refine"]
     assert "heuristic:lp-rounding" not in plan.meta["candidates"]
+
+
+@pytest.mark.parametrize("graph, machine", [("layered:30:5", "knl-68"), ("layered:24:3", "2x2080ti"),
+                                            ("erdos_renyi:100:2", "dgx1-4v100"), ("layered:150:2", "knl-68"),
+                                            ("layered:260:3", "xeon-8180-2s")])
+def test_the_hint_extras_are_the_default_searchs_extra_candidates(learned, graph, machine):
+    """:func:`hint_extra` (what joins the hint) is exactly what the default search adds to its candidates."""
+    from opsched.policies.budget import hint_extra
+    from opsched.specs import load_graph
+
+    g, m = load_graph(graph), get_machine(machine)
+    extra = hint_extra(len(g.ops), learned.max_nodes, bool(m.gpus))
+    added = {k.removeprefix("heuristic:") for k in learned.plan(g, m).meta["candidates"]
+             if k.startswith("heuristic:")} - set(learned.planning()["candidates"])
+    assert added == set(extra)
+    assert (graph == "layered:260:3") == (extra == LARGE_EXTRA)

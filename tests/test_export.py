@@ -154,6 +154,7 @@ def test_factored_choices_are_the_mask_and_score_the_same(folder):
 
 @pytest.mark.parametrize("graph, machine", [
     (generate("layered", 24, 4), "xeon-8180-2s"),       # fits: no coarsening
+    (generate("layered", 24, 1), "knl-68"),             # fits, hinted with LP rounding (the budget's extra)
     (generate("erdos_renyi", 90, 5), "dgx1-4v100"),      # coarsened, GPUs
     (generate("watts_strogatz", 70, 6), "knl-68"),
 ])
@@ -181,6 +182,35 @@ def test_plan_is_the_env_episode(folder, graph, machine, scale):
     plan.validate(graph, m)
     if not plan.meta["coarsened"]:  # the episode's own decisions replay exactly
         assert SimBackend(m).run(graph, info["plan"]).makespan == pytest.approx(plan.meta["sim_makespan"], rel=1e-9)
+
+
+def test_the_hint_holds_the_budget_extras_and_a_legacy_export_plans_without_them(folder, tmp_path):
+    """A new export chooses its hint from the heuristics the default search adds for the
+    graph too (LP rounding on a small graph), as training's environment does; an export
+    written before ``hint_budget`` existed keeps the hint it was trained with."""
+    from opsched.policies.exported import DIGEST_KEY, HINT_BUDGET_KEY, meta_digest
+    from opsched.policies.hints import hint_names
+
+    g, m = generate("layered", 24, 1), get_machine("knl-68")
+    pol = load(folder)
+    assert pol.hint_budget and pol.meta["observation"][HINT_BUDGET_KEY] is True
+    assert pol.plan(g, m, samples=0, candidates=(), refine=0).meta["hint"] == "lp-rounding"
+
+    def legacy(meta):
+        del meta["observation"][HINT_BUDGET_KEY]
+        meta[DIGEST_KEY] = meta_digest(meta)
+
+    f = _copy(folder, tmp_path / "legacy")
+    _edit_meta(f, legacy)
+    old = load(f)
+    assert not old.hint_budget
+    alone = old.plan(g, m, samples=0, candidates=(), refine=0)
+    assert alone.meta["hint"] in hint_names()
+    assert "heuristic:lp-rounding" in old.plan(g, m).meta["candidates"]  # still a candidate of its search
+    f2 = _copy(folder, tmp_path / "bad")
+    _edit_meta(f2, lambda meta: meta["observation"].update({HINT_BUDGET_KEY: "yes"}))
+    with pytest.raises(PolicyError, match="hint_budget must be true or false"):
+        load(f2)
 
 
 def test_validation_scores_the_plan_the_export_makes(folder):

@@ -128,6 +128,51 @@ def test_the_environment_and_the_exported_scheduler_read_the_same_hint():
     assert math.isfinite(Simulator(m).makespan(g, alone))
 
 
+def test_the_hint_is_also_chosen_from_the_default_searchs_extra_heuristics():
+    """On a small graph the default search adds LP rounding as a candidate; the
+    hint's plans hold it too (after the hint heuristics), so where it is the fastest
+    the greedy decoding is hinted with it; ``budget=False`` leaves the hints alone."""
+    from opsched.envs.schedule_env import ScheduleEnv
+    from opsched.policies.exported import decode, load, pretrained_path
+    from opsched.policies.hints import episode_heuristics
+
+    learned = load(pretrained_path())
+    g, m = load_graph("layered:24:1"), get_machine("knl-68")
+    plans = episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
+    assert list(plans) == [*learned.hints, "lp-rounding"]
+    assert list(episode_heuristics(g, m, None, learned.hints, learned.max_nodes, budget=False)) == list(learned.hints)
+    data = prepare_episode(g, m, None, learned.max_nodes, learned.max_edges)
+    name, plan = slot_hint(data, plans)
+    assert name == "lp-rounding" and plans[name][1] < min(plans[h][1] for h in learned.hints)
+    env = ScheduleEnv([g], m, max_nodes=learned.max_nodes, max_edges=learned.max_edges)
+    env.reset(seed=0)
+    attach_hint(data, plan)
+    np.testing.assert_array_equal(env._episode(g, env._machines[0]).node_static, data.node_static)
+    alone = learned.plan(g, m, samples=0, candidates=(), refine=0)
+    assert alone.meta["hint"] == "lp-rounding" and alone.assignments == decode(learned, data).assignments
+    # a graph the policy coarsens counts as the budget graph: no extra; a large one without GPUs: biCPA and LP rounding
+    big = load_graph("layered:150:2")
+    assert list(episode_heuristics(big, m, None, learned.hints, learned.max_nodes)) == list(learned.hints)
+    from opsched.policies.budget import LARGE_EXTRA, hint_extra
+
+    assert hint_extra(300, learned.max_nodes, False) == LARGE_EXTRA and hint_extra(300, learned.max_nodes, True) == ()
+
+
+def test_an_extra_heuristic_that_fails_is_left_out_of_the_hint(monkeypatch):
+    from opsched.errors import OpschedError
+    from opsched.policies import hints, lp_rounding
+    from opsched.policies.hints import episode_heuristics
+
+    def broken(self, graph, machine, model=None):
+        raise OpschedError("LP solver gave up")
+
+    monkeypatch.setattr(lp_rounding.LPRounding, "plan", broken)
+    hints.clear_cache()
+    g, m = load_graph("layered:24:1"), get_machine("knl-68")
+    assert "lp-rounding" not in episode_heuristics(g, m, None, hint_names(), 128)
+    hints.clear_cache()
+
+
 def test_refining_a_plan_offers_it_followed_and_on_the_level_grid():
     """Plan-time refinement of a moldable plan on a coarsened graph: the first expansion
     keeps the plan's own device and threads in every slot search left as it was, the
