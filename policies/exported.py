@@ -606,7 +606,8 @@ class ExportedPolicy(Policy):
             data = prepare_episode(graph, machine, model, self.max_nodes, self.max_edges)
         except (GraphError, MachineError) as exc:
             raise PolicyError(f"policy {self.folder}: cannot plan graph {graph.name!r}: {exc}") from None
-        hint = attach_slot_hint(data, heuristics, model) if self.hint_plan else None  # else 0s, as in training
+        if self.hint_plan:  # else the hint_* columns are 0, as in training
+            attach_slot_hint(data, heuristics, model)
         with _one_blas_thread():
             plans = {"greedy": decode(self, data, prior_scale=scale)}
             for k in range(samples):
@@ -634,7 +635,8 @@ class ExportedPolicy(Policy):
                 span = sim.makespan(graph, found)
                 if span < min(spans[chosen], spans.get(key, math.inf)) * (1.0 - 1e-9):
                     plans[key], spans[key] = found, span
-        meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine, "hint": hint}
+        meta = {"candidates": spans, "policy_dir": str(self.folder), "refine_steps": refine,
+                "hint": plans["greedy"].meta["hint"]}  # decode names it
         return {k: (Plan(p.assignments, p.graph_fingerprint, p.machine_fingerprint, self.name,
                          {**p.meta, **meta, "chosen": k}), spans[k]) for k, p in plans.items()}
 
