@@ -460,3 +460,38 @@ def test_learned_reports_how_often_the_greedy_decoding_kept_its_hint(tmp_path: P
     # the hint of each pair is named: on the 30-op graph a heuristic the default search adds may be it
     assert all(r["greedy_hint"] in (*hint_names(), "lp-rounding") for r in rows)
     assert all(f"| {r['best_heuristic']} | {r['greedy_hint']} |" in text for r in rows)
+
+
+def test_rejected_variants_write_their_figures_and_put_the_planner_back(tmp_path: Path, monkeypatch) -> None:
+    """``bench/rejected.py``: each variant changes what it says while it runs (biCPA among
+    a 30-op CPU graph's spare-budget candidates; the local search's moves), no plan
+    beats CP-SAT's proven bound, and the shipped planner is back afterwards."""
+    from opsched.benchmarks import rejected
+    from opsched.policies import budget, exported, refine
+
+    shipped = (exported.search_budget, budget.hint_extra, refine.local_search, refine._move)
+    assert rejected.bicpa_budget(30, False, 10, 0.7, 200).extra == ("lp-rounding", "bicpa")
+    assert rejected.bicpa_budget(30, False, 10, 0.7, 200).steps < budget.search_budget(30, False, 10, 0.7, 200).steps
+    assert rejected.bicpa_budget(150, False, 10, 0.7, 200) == budget.search_budget(150, False, 10, 0.7, 200)
+    with rejected.bicpa_variant(True):
+        assert "bicpa" in budget.hint_extra(30, 128, False) and exported.search_budget is rejected.bicpa_budget
+    sets = {"validation": [("layered:30:3", "knl-68"), ("zoo:inception@1x0.5", "knl-68")]}
+    monkeypatch.setattr(rejected, "bicpa_pairs", lambda: sets)
+    assert rejected.main(["--what", "bicpa", "--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "rejected_bicpa.json").read_text())
+    assert [r["graph"] for r in res["rows"]] == ["layered:30:3"]  # the coarsened graph is skipped
+    row = res["rows"][0]
+    assert row["bicpa_default"] <= 1 + 1e-9  # every baseline is then a candidate: never slower than the best
+    assert row["shipped_default"] > 0 and row["bicpa_hint"] in {"bicpa", "lp-rounding", *exported.load(
+        exported.pretrained_path()).hints}
+    assert len(row["shipped_ms"]) == len(row["bicpa_ms"]) == 2
+    assert "| validation | 1 |" in (tmp_path / "rejected_bicpa.md").read_text()
+    assert rejected.main(["--what", "moves", "--quick", "--cpsat-s", "0.5", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "rejected_moves.json").read_text())
+    assert len(res["rows"]) == 2
+    for r in res["rows"]:
+        for name in ("heuristic", *rejected.MOVE_VARIANTS):
+            assert r[f"{name}_s"] >= r["lower_bound_s"] * (1 - 1e-9)
+    assert (exported.search_budget, budget.hint_extra, refine.local_search, refine._move) == shipped
+    with pytest.raises(ValueError, match="unknown move variant"), rejected.move_variant("swap"):
+        pass
