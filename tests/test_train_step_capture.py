@@ -172,6 +172,40 @@ def test_optimizer_options_equal_eager(opt_name):
     _assert_same_state(eager, ours, opt_e, opt_c)
 
 
+def test_exact_mode_multiplies_matrices_as_eager_does():
+    """Autograd picks a matmul's backward formula by its operands' strides (a Linear's
+    weight gradient is ``grad.t() @ x`` because the weight enters transposed).  Traced
+    with views replaced by copies, the transposed weight looked contiguous and the
+    capture computed ``(x.t() @ grad).t()`` instead: the same sums in another GEMM,
+    bitwise equal to eager on one CPU (an Intel Xeon) and not on another (an AMD EPYC).
+    So exact mode traces with views kept, and its products have eager's shapes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    products = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+
+    class Products(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in products:
+                self.shapes.append((str(func), *(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(10)
+    eager = ConvNet().train()
+    opt = OPTIMIZERS["sgd-momentum"](eager.parameters())
+    ours = copy.deepcopy(eager)
+    graph = capture_step(ours, F.cross_entropy, OPTIMIZERS["sgd-momentum"](ours.parameters()), *_data(0), exact=True)
+    with Products() as rec:
+        _eager_step(eager, F.cross_entropy, opt, *_data(0))
+    captured = [(str(n.target), *(tuple(a.meta["val"].shape) for a in n.args if isinstance(a, torch.fx.Node)))
+                for n in graph.source.gm.graph.nodes if n.op == "call_function" and n.target in products]
+    assert sorted(captured) == sorted(rec.shapes)
+    assert ("aten.mm.default", (5, 4), (4, 640)) in captured  # the weight gradient: grad.t() @ x
+
+
 @pytest.mark.parametrize("opt_name", ["sgd-momentum", "adam", "adamw", "sgd-dampening-wd", "adam-amsgrad-wd"])
 @pytest.mark.parametrize("write", ["swap", "copy"])
 def test_exact_mode_is_bitwise_equal_to_eager(opt_name, write):

@@ -16,6 +16,13 @@ How a function becomes an OpGraph:
    outputs rather than hidden writes into its inputs - and with
    ``torch.fx.traceback.preserve_node_meta`` so that ``annotate({...})`` blocks
    inside ``fn`` (the step's phases) land in ``node.meta["custom"]``.
+   ``keep_views=True`` (the exact training step) functionalizes mutations only
+   and keeps the view ops: autograd chooses some backward formulas by the
+   operands' strides (a Linear's weight gradient is ``grad.t() @ x`` because
+   the weight enters transposed), and a ``*_copy`` op's fake output is
+   contiguous, so with views removed the trace takes the other formula,
+   ``(x.t() @ grad).t()`` - the same sums in another GEMM, bitwise equal to
+   eager on an Intel Xeon and not on an AMD EPYC (both measured).
 2. :func:`functional_cleanup` removes functionalization's epilogue (the
    ``copy_`` of a new value into a mutated input; the caller gets the mapping
    input -> new value and decides what is allowed), refuses any other mutating
@@ -141,7 +148,7 @@ def _explain(exc: BaseException) -> str:
 
 
 def trace_functional(fn: Callable[..., Any], flat_inputs: Sequence[Any], what: str,
-                     two_stage: bool = False) -> fx.GraphModule:
+                     two_stage: bool = False, keep_views: bool = False) -> fx.GraphModule:
     """``make_fx(functionalize(fn))`` on fake tensors, phases and stack traces kept
     (see the module docstring); any failure is a :class:`ModelImportError` naming
     ``what``, the cause and the user's source line.
@@ -153,12 +160,16 @@ def trace_functional(fn: Callable[..., Any], flat_inputs: Sequence[Any], what: s
     under ``torch.export`` - then functionalize that aten graph in a second
     trace (node metadata carried over).  Not for training steps: under
     ``grad`` the inputs are wrapped whatever the stage.
+
+    ``keep_views``: functionalize mutations only, so view ops stay views and
+    autograd sees eager's strides (see the module docstring).
     """
     from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def functional(f: Callable[..., Any]) -> Callable[..., fx.GraphModule]:
-        return make_fx(torch.func.functionalize(f, remove="mutations_and_views"), tracing_mode="fake",
+        return make_fx(torch.func.functionalize(f, remove="mutations" if keep_views else "mutations_and_views"),
+                       tracing_mode="fake",
                        _allow_non_fake_inputs=True, record_stack_traces=True)
 
     if two_stage:

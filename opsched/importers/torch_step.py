@@ -176,8 +176,10 @@ def capture_step(module: nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor],
     changes nothing: not the module, the optimizer nor the RNG).  See the
     module docstring for the layout, phases and what is refused.
 
-    ``exact=True`` writes the optimizer update op for op as torch does, so a
-    sequential replay is bitwise equal to eager; the default saves one pass
+    ``exact=True`` writes the optimizer update op for op as torch does, and
+    traces with views kept (autograd then picks eager's stride-dependent backward
+    formulas, :mod:`opsched.importers.torch_aten`), so a sequential replay is
+    bitwise equal to eager on any CPU; the default saves one pass
     over the parameters and agrees to within one rounding per step
     (:mod:`opsched.importers.torch_optim`).
     """
@@ -305,7 +307,7 @@ def _trace_step(module: nn.Module, loss_fn: Callable, optimizer: torch.optim.Opt
         return ([loss] + [new_p[n] for n in trainable] + [new_b[n] for n in buffers]
                 + [t for n in trainable for t in new_s[n]])
 
-    gm = trace_functional(step, flat, what)
+    gm = trace_functional(step, flat, what, keep_views=rule.exact)
     mutated = functional_cleanup(gm, what)
     placeholders = _placeholders(gm)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
