@@ -22,7 +22,7 @@ How a function becomes an OpGraph:
    the weight enters transposed), and a ``*_copy`` op's fake output is
    contiguous, so with views removed the trace takes the other formula,
    ``(x.t() @ grad).t()`` - the same sums in another GEMM, bitwise equal to
-   eager on an Intel Xeon and not on an AMD EPYC (both measured).
+   eager on the Intel Xeon of earlier CI runs, not on an AMD EPYC.
 2. :func:`functional_cleanup` removes functionalization's epilogue (the
    ``copy_`` of a new value into a mutated input; the caller gets the mapping
    input -> new value and decides what is allowed), refuses any other mutating
