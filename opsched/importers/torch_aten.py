@@ -168,8 +168,8 @@ def trace_functional(fn: Callable[..., Any], flat_inputs: Sequence[Any], what: s
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def functional(f: Callable[..., Any]) -> Callable[..., fx.GraphModule]:
-        return make_fx(torch.func.functionalize(f, remove="mutations" if keep_views else "mutations_and_views"),
-                       tracing_mode="fake",
+        remove = "mutations" if keep_views else "mutations_and_views"
+        return make_fx(torch.func.functionalize(f, remove=remove), tracing_mode="fake",
                        _allow_non_fake_inputs=True, record_stack_traces=True)
 
     if two_stage:
