@@ -72,16 +72,18 @@ def test_one_session_timed_under_two_names_reads_the_same():
     its spinning threads settled in between, must come out at 1.00 +- 0.05.
 
     One sample is ten runs (about 10 ms): a single ~1 ms run on a shared CI machine
-    is mostly scheduler noise, and the test is about bias, not about that noise."""
+    is mostly scheduler noise, and the test is about bias, not about that noise.
+    49 rounds, not 25: with 25 the median ratio read 0.946 once in a fresh-clone CI run
+    on an AMD EPYC VM (no round loaded), noise the median of twice the rounds shrinks."""
     import onnxruntime as ort
 
     sess = ort.InferenceSession(_mlp_onnx(), providers=["CPUExecutionProvider"])
     feeds = {"x": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}
     run = wall_clock(lambda: [sess.run(None, feeds) for _ in range(10)])
-    t = interleave({"a": run, "b": run}, warmup=3, repeats=25)
+    t = interleave({"a": run, "b": run}, warmup=3, repeats=49)
     ratio = statistics.median(x / y for x, y in zip(t.samples["a"], t.samples["b"]))
     assert 0.95 <= ratio <= 1.05, (ratio, t.load_record())
-    assert set(t.settle_s) == {"a", "b"} and all(len(v) == 25 for v in t.settle_s.values())
+    assert set(t.settle_s) == {"a", "b"} and all(len(v) == 49 for v in t.settle_s.values())
 
 
 def test_a_plan_equal_to_the_baseline_is_not_reported_faster(tmp_path):
