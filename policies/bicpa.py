@@ -22,7 +22,7 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import Policy, build_plan
-from opsched.policies.cpa import cpa_allocation, moldable_plan
+from opsched.policies.cpa import cpa_allocations, moldable_plan
 from opsched.policies.moldable import Problem
 from opsched.policies.registry import BASELINE, register
 
@@ -30,7 +30,8 @@ from opsched.policies.registry import BASELINE, register
 def bicpa_allocations(problem: Problem) -> list[tuple[str, list[int]]]:
     """CPA's allocation for every cap ``P'`` (the thread levels up to ``P``), ``P' = P`` (CPA) first."""
     caps = [problem.P] + [k for k in reversed(problem.levels) if k < problem.P]
-    return [(f"P'={c}", cpa_allocation(problem, processors=c, cap=c)) for c in caps]
+    allocs = cpa_allocations(problem, caps)  # one pass, the smaller caps branching off it
+    return [(f"P'={c}", allocs[c]) for c in caps]
 
 
 @register("bicpa", roles=(BASELINE,), order=8)

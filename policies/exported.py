@@ -589,7 +589,8 @@ class ExportedPolicy(Policy):
         self.check(graph, machine)
         budget_ops = int(cfg["budget_ops"])
         size = planned_size(len(graph.ops), self.max_nodes, budget_ops)
-        budget = search_budget(size, bool(machine.gpus), refine, fill, budget_ops, large_baselines)
+        budget = search_budget(size, bool(machine.gpus), refine, fill, budget_ops, large_baselines,
+                               len(graph.ops) > self.max_nodes)
         refine = budget.steps
         added: tuple[str, ...] = ()  # candidates only the spare budget brought
         if candidates is None:  # the spare budget adds candidates to the default list only, never to a named one

@@ -108,18 +108,25 @@ class LPRounding(Policy):
         for where, lp in lps:
             if not lp.weights:  # no LP solution for this placement
                 continue
+            seen: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}  # settings often round alike
+            rounded: dict[float, list[tuple[int, int]]] = {}
             for label, rho, cap_of in SETTINGS:
                 cap = _snap(levels, cap_of(P))
-                chosen = [round_allocation(lp, i, rho) for i in range(len(graph.ops))]
+                if rho not in rounded:
+                    rounded[rho] = [round_allocation(lp, i, rho) for i in range(len(graph.ops))]
+                chosen = rounded[rho]
                 dev = [d for d, _ in chosen]
                 thr = [1 if machine.devices[d].is_gpu else min(_snap(levels, k), cap) for d, k in chosen]
+                key = f"{where}:{label}"
+                if (tuple(dev), tuple(thr)) in seen:  # the same plan, the same makespan: it cannot win the tie
+                    spans[key] = seen[tuple(dev), tuple(thr)]
+                    continue
                 dur = np.array([static.time_and_demand(i, dev[i], thr[i])[0] for i in range(len(graph.ops))])
                 _, bottom = longest_paths(graph, dur)
                 assignments = {op.id: Assignment(machine.devices[dev[i]].id, thr[i], float(bottom[i]))
                                for i, op in enumerate(graph.ops)}
                 plan = build_plan(graph, machine, assignments, policy=self.name)
-                key = f"{where}:{label}"
-                spans[key] = simulate(graph, machine, model, plan)
+                spans[key] = seen[tuple(dev), tuple(thr)] = simulate(graph, machine, model, plan)
                 if best is None or spans[key] < best[0]:
                     best = (spans[key], plan)
         if best is None:  # the LP failed everywhere: one op after another at full width is still a plan

@@ -437,6 +437,21 @@ def test_learned_planning_speed_pins_one_core_and_puts_the_affinity_back() -> No
     assert res["pinned"].startswith(("pinned to CPU", "not pinned"))
 
 
+def test_learned_planning_only_writes_the_planning_figures_per_machine(tmp_path: Path) -> None:
+    """``bench/learned.py --planning-only 1``: one round of the 200-op planning time, per machine
+    in the report, and nothing else of the bench."""
+    from opsched.benchmarks import learned
+
+    assert learned.main(["--planning-only", "1", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["planning_speed.json", "planning_speed.md"]
+    (r,) = json.loads((tmp_path / "planning_speed.json").read_text())["rounds"]
+    assert r["median_s"] > 0 and len([k for k in r if "@" in k]) == 6
+    text = (tmp_path / "planning_speed.md").read_text()
+    assert "knl-68 " in text and "dgx1-4v100 " in text and "| 0 |" in text
+    with pytest.raises(SystemExit):
+        learned.main(["--planning-only", "-1", "--out", str(tmp_path)])
+
+
 def test_learned_reports_how_often_the_greedy_decoding_kept_its_hint(tmp_path: Path) -> None:
     """bench/learned.py's rows count the greedy decoding's slots that took the hint's
     decision, and the report gives each group's share."""
@@ -495,3 +510,44 @@ def test_rejected_variants_write_their_figures_and_put_the_planner_back(tmp_path
     assert (exported.search_budget, budget.hint_extra, refine.local_search, refine._move) == shipped
     with pytest.raises(ValueError, match="unknown move variant"), rejected.move_variant("swap"):
         pass
+
+
+def test_coarse_budget_compares_its_rules_and_puts_the_budget_back(tmp_path: Path, monkeypatch) -> None:
+    """``bench/coarse_budget.py``: each rule is in force while it runs (LP rounding a candidate of a
+    coarsened CPU graph or not, the steps it costs), the figures land in both files, and the
+    shipped rule is back afterwards."""
+    from opsched.benchmarks import coarse_budget
+    from opsched.policies import budget
+
+    shipped = (budget.COARSE_EXTRA, budget.COARSE_STEPS)
+    with coarse_budget.rule("before"):
+        assert budget.search_budget(200, False, 10, 0.7, 200, True, True) == budget.SearchBudget(10)
+    with coarse_budget.rule("lp+bicpa"):
+        assert budget.search_budget(200, False, 10, 0.7, 200, True, True).extra == ("lp-rounding", "bicpa")
+        assert budget.COARSE_STEPS > shipped[1]
+    assert (budget.COARSE_EXTRA, budget.COARSE_STEPS) == shipped
+    monkeypatch.setattr(coarse_budget, "pairs", lambda quick=False: [("layered:140:4105", "random:9")])
+    assert coarse_budget.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "coarse_budget.json").read_text())
+    (row,) = res["rows"]
+    assert row["ops"] == 140 and row["before_steps"] == 10 and row["lp_steps"] == 0
+    for name in coarse_budget.RULES:
+        assert row[f"{name}_default"] > 0 and len(row[f"{name}_ms"]) == 2
+    assert row["lp+bicpa_steps"] == 0 and row["lp_hint"] and row["before_hint"]
+    assert "| lp |" in (tmp_path / "coarse_budget.md").read_text()
+    assert (budget.COARSE_EXTRA, budget.COARSE_STEPS) == shipped
+
+
+def test_moldable_speed_times_the_same_allocations_both_ways(tmp_path: Path) -> None:
+    """``bench/moldable_speed.py``: the old per-cap loop and the one-pass allocations agree on
+    every row it times, and the figures land in both files."""
+    from opsched.benchmarks import moldable_speed
+
+    assert moldable_speed.main(["--quick", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "moldable_speed.json").read_text())
+    assert len(res["rows"]) == 2 and res["all_same"]
+    for r in res["rows"]:
+        assert r["per_cap_ms"] > 0 and r["one_pass_ms"] > 0 and r["bicpa_ms"] > 0
+    assert "| erdos_renyi:150:5 | xeon-8180-2s |" in (tmp_path / "moldable_speed.md").read_text()
+    with pytest.raises(SystemExit):
+        moldable_speed.main(["--repeats", "0", "--out", str(tmp_path)])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from opsched.backends.sim import SimBackend
 from opsched.machine import get_machine
 from opsched.policies import load
-from opsched.policies.budget import BUDGET_EXTRA, LARGE_EXTRA, LP_COST, MAX_STEPS, search_budget
+from opsched.policies.budget import BUDGET_EXTRA, COARSE_STEPS, LARGE_EXTRA, LP_COST, MAX_STEPS, search_budget
 from opsched.policies.exported import pretrained_path
 from opsched.synthetic import generate
 
@@ -78,11 +78,49 @@ def test_a_small_graph_searches_longer_and_tries_lp_rounding(learned):
 
 
 def test_a_graph_at_the_budget_size_plans_exactly_as_without_it(learned):
-    g, m = generate("erdos_renyi", 200, 7), get_machine("xeon-8180-2s")
+    g, m = generate("erdos_renyi", 200, 7), get_machine("dgx1-4v100")
     a, b = learned.plan(g, m), learned.plan(g, m, fill=0.0)
     assert a.assignments == b.assignments
     assert a.meta["refine_steps"] == learned.planning()["refine"]
     assert "heuristic:lp-rounding" not in a.meta["candidates"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), gpu=st.booleans(), refine=st.integers(0, 80), fill=st.floats(0.0, 1.0),
+       budget_ops=st.sampled_from([0, 50, 200]), large=st.booleans())
+def test_a_coarsened_graph_within_the_budget_buys_lp_rounding_with_its_steps(n, gpu, refine, fill, budget_ops, large):
+    """The coarsened rule: only with large_baselines, only without GPUs, only at the budget graph's
+    charge; its candidate is paid for with steps at their op-unit costs; elsewhere nothing changes."""
+    from opsched.policies.budget import COARSE_EXTRA, STEP_COST
+
+    plain = search_budget(n, gpu, refine, fill, budget_ops, large)
+    coarse = search_budget(n, gpu, refine, fill, budget_ops, large, coarsened=True)
+    if large and not gpu and 0 < budget_ops == n:
+        assert coarse.extra == COARSE_EXTRA and coarse.steps == max(0, refine - COARSE_STEPS)
+        assert COARSE_STEPS * STEP_COST >= LP_COST[False] > (COARSE_STEPS - 1) * STEP_COST
+    else:
+        assert coarse == plain
+
+
+def test_the_budget_graph_without_gpus_tries_lp_rounding_instead_of_local_search(learned):
+    """A 200-op graph (coarsened) on a CPU-only machine: LP rounding is a candidate and the hint's
+    plans hold it; the default 10 steps paid for it; never slower than the plan before the rule."""
+    from opsched.benchmarks.coarse_budget import rule
+    from opsched.policies.hints import episode_heuristics
+
+    g, m = generate("erdos_renyi", 200, 7), get_machine("xeon-8180-2s")
+    plan = learned.plan(g, m)
+    assert "heuristic:lp-rounding" in plan.meta["candidates"] and plan.meta["refine_steps"] == 0
+    assert "lp-rounding" in episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
+    plan.validate(g, m)
+    assert SimBackend(m).run(g, plan).makespan == pytest.approx(min(plan.meta["candidates"].values()))
+    more = learned.plan(g, m, refine=60)  # a larger refine keeps what LP rounding did not cost
+    assert more.meta["refine_steps"] == 60 - COARSE_STEPS
+    assert learned.plan(g, m, large_baselines=False).meta["refine_steps"] == learned.planning()["refine"]
+    with rule("before"):
+        before = learned.plan(g, m)
+    assert before.meta["refine_steps"] == learned.planning()["refine"]
+    assert "heuristic:lp-rounding" not in before.meta["candidates"]
 
 
 def test_a_large_graph_on_a_cpu_machine_is_never_slower_than_any_baseline(learned):
@@ -125,7 +163,7 @@ def test_a_failing_budget_candidate_is_skipped_but_a_named_one_is_not(learned, m
 def test_a_coarsened_graph_has_no_spare_budget(learned):
     n = learned.max_nodes + 20
     assert n < learned.planning()["budget_ops"]
-    g, m = generate("layered", n, 2), get_machine("knl-68")
+    g, m = generate("layered", n, 2), get_machine("dgx1-4v100")  # with GPUs: no coarsened rule either
     plan = learned.plan(g, m)
     assert plan.meta["refine_steps"] == learned.planning()["refine"]
     assert "heuristic:lp-rounding" not in plan.meta["candidates"]

@@ -13,7 +13,7 @@ from opsched.engine.observe import attach_hint, prepare_episode
 from opsched.engine.sim import Simulator
 from opsched.engine.slots import follow_of, from_plan, to_plan
 from opsched.machine import get_machine
-from opsched.policies.hints import best_heuristic, heuristic_plans, hint_names, slot_hint
+from opsched.policies.hints import best_heuristic, episode_heuristics, heuristic_plans, hint_names, slot_hint
 from opsched.specs import load_graph, load_machine
 
 
@@ -120,7 +120,9 @@ def test_the_environment_and_the_exported_scheduler_read_the_same_hint():
     seen = env._episode(g, env._machines[0])
     assert not seen.coarsening.identity
     data = prepare_episode(g, m, None, learned.max_nodes, learned.max_edges)
-    attach_hint(data, slot_hint(data, heuristic_plans(g, m, None, learned.hints))[1])
+    plans = episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
+    assert "lp-rounding" in plans  # coarsened, at most the budget graph's size, no GPUs: the budget's extra
+    attach_hint(data, slot_hint(data, plans)[1])
     np.testing.assert_array_equal(seen.node_static, data.node_static)
     assert seen.hint_after == data.hint_after
     alone = learned.plan(g, m, samples=0, candidates=(), refine=0)
@@ -151,9 +153,12 @@ def test_the_hint_is_also_chosen_from_the_default_searchs_extra_heuristics():
     np.testing.assert_array_equal(env._episode(g, env._machines[0]).node_static, data.node_static)
     alone = learned.plan(g, m, samples=0, candidates=(), refine=0)
     assert alone.meta["hint"] == "lp-rounding" and alone.assignments == decode(learned, data).assignments
-    # a graph the policy coarsens counts as the budget graph: no extra; a large one without GPUs: biCPA and LP rounding
+    # a graph the policy coarsens counts as the budget graph: LP rounding instead of local search without GPUs,
+    # nothing with them; a large one without GPUs: biCPA and LP rounding
     big = load_graph("layered:150:2")
-    assert list(episode_heuristics(big, m, None, learned.hints, learned.max_nodes)) == list(learned.hints)
+    assert list(episode_heuristics(big, m, None, learned.hints, learned.max_nodes)) == [*learned.hints, "lp-rounding"]
+    gpus = get_machine("dgx1-4v100")
+    assert list(episode_heuristics(big, gpus, None, learned.hints, learned.max_nodes)) == list(learned.hints)
     assert hint_extra(300, learned.max_nodes, False) == LARGE_EXTRA and hint_extra(300, learned.max_nodes, True) == ()
 
 

@@ -181,3 +181,36 @@ def test_cpa_allocation_equals_the_allocation_from_full_passes(family, n, seed, 
     placement = heft_placement(g, m, None) if gpu_ops else None
     problem = cpu_problem(g, m, prepare(g, m).table, placement)
     assert cpa_allocation(problem, cap=cap) == _cpa_allocation_full_passes(problem, cap=cap)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(family=st.sampled_from(sorted(GENERATORS)), n=st.integers(1, 80), seed=st.integers(0, 10_000),
+       machine=st.sampled_from(sorted(PRESETS)), gpu_ops=st.booleans())
+def test_bicpa_allocations_in_one_pass_equal_one_full_cpa_run_per_cap(family, n, seed, machine, gpu_ops):
+    """cpa_allocations shares the runs' common steps and keeps the top and bottom levels up to
+    date incrementally; every cap still gets exactly the paper's loop's allocation."""
+    from opsched.policies.bicpa import bicpa_allocations
+    from opsched.policies.moldable import heft_placement
+
+    g, m = generate(family, n, seed), PRESETS[machine]
+    placement = heft_placement(g, m, None) if gpu_ops else None
+    problem = cpu_problem(g, m, prepare(g, m).table, placement)
+    got = bicpa_allocations(problem)
+    caps = [problem.P] + [k for k in reversed(problem.levels) if k < problem.P]
+    assert [label for label, _ in got] == [f"P'={c}" for c in caps]
+    for c, (_, alloc) in zip(caps, got, strict=True):
+        assert alloc == _cpa_allocation_full_passes(problem, processors=c, cap=c), c
+
+
+def test_bicpa_allocations_branch_off_on_a_wide_machine():
+    """A graph where the caps really part ways (resnet-like chains on a 56-core Xeon): the
+    one-pass allocations still equal the per-cap runs, and they differ between caps."""
+    from opsched.policies.cpa import cpa_allocations
+
+    g, m = generate("layered", 120, 3), PRESETS["xeon-8180-2s"]
+    problem = cpu_problem(g, m, prepare(g, m).table)
+    caps = [problem.P] + [k for k in reversed(problem.levels) if k < problem.P]
+    got = cpa_allocations(problem, caps)
+    assert len({tuple(a) for a in got.values()}) > 2
+    for c in caps:
+        assert got[c] == _cpa_allocation_full_passes(problem, processors=c, cap=c), c

@@ -1,0 +1,173 @@
+"""What a coarsened graph of at most 200 ops gets on a machine without GPUs: LP rounding instead of local search.
+
+The shipped policy coarsens a graph of more than 128 ops (its ``max_nodes``)
+and the planning budget (:mod:`opsched.policies.budget`) charges one of 129-200
+ops as the 200-op budget graph, so until issue 23's last stop it got the
+default candidates and 10 local-search steps, nothing else - while on such a
+graph on a CPU-only machine LP rounding or biCPA is often the best baseline.
+This benchmark compares, per pair, three rules for those graphs
+(``COARSE_EXTRA`` and ``COARSE_STEPS`` of the budget module, patched while
+each runs and put back after):
+
+* ``before``: the 10 steps, no extra candidate;
+* ``lp`` (shipped): LP rounding as a candidate and a hint plan, paid for with
+  the steps (none left of the default 10);
+* ``lp+bicpa``: LP rounding and biCPA, the same way.
+
+On a selection set the test split never holds: the training split's graphs of
+129-200 ops (resnet50 at half width, batch 1 and 8) and six synthetic graphs
+of 140-200 ops with seeds no split uses, each on three CPU-only training
+machines.  Per rule: the default search's and the greedy decoding's makespan
+over the best of every baseline heuristic (analytic model), and the default
+search's CPU ms per plan (one core, the heuristics' cache cleared, the rules
+interleaved, the smaller of two timings).
+
+    python -m opsched.benchmarks.coarse_budget            # -> runs/bench/coarse_budget.{json,md}
+    python -m opsched.benchmarks.coarse_budget --quick    # 2 graphs, 1 machine each
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import opsched.benchmarks.harness as H
+from opsched.timing import geomean, host_record
+
+#: The rules compared: COARSE_EXTRA under each name (the steps they cost follow from it).
+RULES: dict[str, tuple[str, ...]] = {"before": (), "lp": ("lp-rounding",), "lp, not hinted": ("lp-rounding",),
+                                     "lp+bicpa": ("lp-rounding", "bicpa")}
+#: Synthetic graphs of the selection set: family, ops, seed (seeds 4101-4106: no split uses them).
+SYNTHETIC: tuple[tuple[str, int, int], ...] = (
+    ("erdos_renyi", 150, 4101), ("layered", 170, 4102), ("watts_strogatz", 190, 4103),
+    ("erdos_renyi", 200, 4104), ("layered", 140, 4105), ("watts_strogatz", 160, 4106))
+#: The biCPA cost the ``lp+bicpa`` rule charges, op units per op (measured: 0.035-0.11 ms per op, about 0.2 units).
+BICPA_COST = 0.2
+
+
+@contextlib.contextmanager
+def rule(name: str) -> Iterator[None]:
+    """The budget module with the rule ``name`` in force inside the block."""
+    import math
+
+    from opsched.benchmarks.rejected import patched
+    from opsched.policies import budget as B
+
+    extra = RULES[name]
+    steps = math.ceil(sum(B.LP_COST[False] if h == "lp-rounding" else BICPA_COST for h in extra) / B.STEP_COST)
+    with patched(B, "COARSE_EXTRA", extra), patched(B, "COARSE_STEPS", steps), \
+            patched(B, "COARSE_HINT", not name.endswith("not hinted")):
+        yield
+
+
+def pairs(quick: bool = False) -> list[tuple[str, str]]:
+    """The selection set's (graph, machine) pairs."""
+    from opsched.agents import splits
+    from opsched.specs import load_graph, load_machine
+
+    cpu = [m for m in splits.TRAIN_MACHINES if not load_machine(m).gpus]
+    graphs = [g for g in splits.TRAIN_GRAPHS if 128 < len(load_graph(g).ops) <= 200]
+    graphs += [f"{f}:{n}:{s}" for f, n, s in SYNTHETIC]
+    if quick:
+        graphs = graphs[:2]
+    out = []
+    for k, g in enumerate(graphs):
+        machines = (cpu[k % len(cpu)], cpu[(5 * k + 3) % len(cpu)], cpu[(11 * k + 7) % len(cpu)])
+        out += [(g, m) for m in dict.fromkeys(machines[:1] if quick else machines)]
+    return out
+
+
+def run(policy: Any, quick: bool = False) -> dict[str, Any]:
+    """Every pair under every rule (see the module docstring)."""
+    from opsched.benchmarks.harness import one_core
+    from opsched.engine.sim import Simulator
+    from opsched.policies.hints import clear_cache, heuristic_plans
+    from opsched.policies.registry import BASELINE, names
+    from opsched.specs import load_graph, load_machine
+
+    rows = []
+    with one_core() as pinned:
+        for gspec, mspec in pairs(quick):
+            g, m = load_graph(gspec), load_machine(mspec)
+            every = heuristic_plans(g, m, None, names(BASELINE))
+            best = min(span for _, span in every.values())
+            sim = Simulator(m)
+            row: dict[str, Any] = {"graph": gspec, "machine": mspec, "ops": len(g.ops),
+                                   "best_heuristic": min(every, key=lambda k: every[k][1])}
+            order = list(RULES)
+            for rep in range(2):
+                for name in (order if rep == 0 else order[::-1]):
+                    with rule(name):
+                        clear_cache()
+                        t0 = time.process_time()
+                        plan = policy.plan(g, m)
+                        row.setdefault(f"{name}_ms", []).append(1e3 * (time.process_time() - t0))
+                        if rep == 0:
+                            greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
+                            row[f"{name}_default"] = sim.makespan(g, plan) / best
+                            row[f"{name}_greedy"] = sim.makespan(g, greedy) / best
+                            row[f"{name}_hint"] = greedy.meta.get("hint")
+                            row[f"{name}_steps"] = plan.meta["refine_steps"]
+            rows.append(row)
+            print(f"{gspec} on {mspec}: " + ", ".join(f"{k} {row[f'{k}_default']:.4f}" for k in RULES), flush=True)
+    clear_cache()
+    summary = {name: {"default": geomean(r[f"{name}_default"] for r in rows),
+                      "greedy": geomean(r[f"{name}_greedy"] for r in rows),
+                      "greedy_worst": max(r[f"{name}_greedy"] for r in rows),
+                      "default_worst": max(r[f"{name}_default"] for r in rows),
+                      "ms_median": statistics.median(min(r[f"{name}_ms"]) for r in rows)} for name in RULES}
+    return {"rows": rows, "summary": summary, "pinned": pinned}
+
+
+def write_markdown(res: dict[str, Any], path: Path) -> None:
+    lines = ["# A coarsened graph of at most 200 ops without GPUs: which extra candidates", "",
+             f"`{res['command']}` on {res['host']['host']} ({res['host']['cpu_count']} CPUs), load average "
+             f"{res['load_start']} -> {res['load_end']}; {res['seconds']:.0f} s; {len(res['rows'])} pairs the test "
+             "split never holds.  See the docstring of `opsched.benchmarks.coarse_budget`.", "",
+             "Makespan / best baseline heuristic's (geometric mean, worst); CPU ms per default plan (median).", "",
+             "| rule | default | default worst | greedy | greedy worst | ms |", "|---|---:|---:|---:|---:|---:|"]
+    for name, s in res["summary"].items():
+        lines.append(f"| {name} | {s['default']:.4f} | {s['default_worst']:.3f} | {s['greedy']:.4f} | "
+                     f"{s['greedy_worst']:.3f} | {s['ms_median']:.1f} |")
+    lines += ["", "| graph | machine | ops | best heuristic | " + " | ".join(f"{k}: default / greedy (hint)" for k in RULES)
+              + " |", "|---|---|---:|---|" + "---:|" * len(RULES)]
+    for r in res["rows"]:
+        lines.append(f"| {r['graph']} | {r['machine']} | {r['ops']} | {r['best_heuristic']} | " + " | ".join(
+            f"{r[f'{k}_default']:.4f} / {r[f'{k}_greedy']:.4f} ({r[f'{k}_hint']})" for k in RULES) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m opsched.benchmarks.coarse_budget", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", default=None, help="exported policy folder (default: the shipped pretrained one)")
+    ap.add_argument("--quick", action="store_true", help="two graphs on one machine each")
+    ap.add_argument("--out", default=str(H.DEFAULT_OUT), help="output folder (default runs/bench)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    from opsched.policies.exported import load, pretrained_path
+
+    policy = load(args.policy or pretrained_path())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load0, t0 = os.getloadavg(), time.perf_counter()
+    res = run(policy, args.quick)
+    res.update(command=" ".join(["python -m opsched.benchmarks.coarse_budget", *argv]), host=host_record(),
+               load_start=[round(x, 2) for x in load0], load_end=[round(x, 2) for x in os.getloadavg()],
+               seconds=time.perf_counter() - t0, policy=str(policy.folder))
+    (out / "coarse_budget.json").write_text(json.dumps(res, indent=1, default=str))
+    write_markdown(res, out / "coarse_budget.md")
+    print(f"wrote {out / 'coarse_budget.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
