@@ -487,7 +487,7 @@ def test_rejected_variants_write_their_figures_and_put_the_planner_back(tmp_path
     shipped = (exported.search_budget, budget.hint_extra, refine.local_search, refine._move)
     assert rejected.bicpa_budget(30, False, 10, 0.7, 200).extra == ("lp-rounding", "bicpa")
     assert rejected.bicpa_budget(30, False, 10, 0.7, 200).steps < budget.search_budget(30, False, 10, 0.7, 200).steps
-    assert rejected.bicpa_budget(150, False, 10, 0.7, 200) == budget.search_budget(150, False, 10, 0.7, 200)
+    assert rejected.bicpa_budget(180, False, 10, 0.7, 200) == budget.search_budget(180, False, 10, 0.7, 200)  # neither fits
     with rejected.bicpa_variant(True):
         assert "bicpa" in budget.hint_extra(30, 128, False) and exported.search_budget is rejected.bicpa_budget
     sets = {"validation": [("layered:30:3", "knl-68"), ("zoo:inception@1x0.5", "knl-68")]}
