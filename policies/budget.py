@@ -70,19 +70,20 @@ CPU-only training machines; ``python -m opsched.benchmarks.coarse_budget``,
 docs/bench/coarse_budget.md), makespan over the best baseline, default
 search / greedy decoding, and CPU ms per plan:
 
-* the 10 steps (before): 1.031 / 1.033 (worst 1.169), 60 ms;
-* LP rounding, in the hint too (shipped): 1.001 / 1.004 (worst 1.033), 66 ms;
-* LP rounding, not in the hint: 1.001 / 1.033, 66 ms;
-* LP rounding and biCPA: 1.000 / 1.002, 77 ms - the best, but it puts the
+* the 10 steps (before): 1.031 / 1.033 (worst 1.169), 65 ms;
+* LP rounding, in the hint too (shipped): 1.001 / 1.003 (worst 1.033), 71 ms;
+* LP rounding, not in the hint: 1.001 / 1.033, 71 ms;
+* LP rounding and biCPA: 1.000 / 1.002, 83 ms - the best, but it puts the
   200-op CPU cases of the planning target at 102-111 ms.
 
-The hint's plans holding LP rounding has a cost the selection set shows
-little of: :func:`opsched.policies.hints.slot_hint` stops at the first plan
-whose own makespan is no faster than the best projection so far, and LP
-rounding's plan, often the fastest, can end that search before a slower plan
-whose projection beats every plan (the test split's layered:200:901 on the
-Xeon: TensorFlow's recommended settings projected 23.9 ms, LP rounding 30.2:
-1.007 -> 1.288x; docs/learning.md).
+In the hint, LP rounding's plan is kept out of
+:func:`opsched.policies.hints.slot_hint`'s bounded projection search and
+projected after it (:data:`opsched.policies.hints.EXTRAS_APART`): inside
+it, LP rounding's plan, often the fastest and projecting to itself, ended
+the search before a slower plan whose projection beats every plan (found on
+the test split's layered:200:901 on the Xeon, 1.007 -> 1.288x; on the
+selection set above 1.0011 / 1.0036 -> 1.0008 / 1.0033 kept apart, on the
+training split's 66 coarsened pairs no hint changed; docs/learning.md).
 """
 
 from __future__ import annotations

@@ -536,6 +536,15 @@ def test_coarse_budget_compares_its_rules_and_puts_the_budget_back(tmp_path: Pat
     assert row["lp+bicpa_steps"] == 0 and row["lp_hint"] and row["before_hint"]
     assert "| lp |" in (tmp_path / "coarse_budget.md").read_text()
     assert (budget.COARSE_EXTRA, budget.COARSE_STEPS) == shipped
+    from opsched.benchmarks import hint_choice
+    from opsched.policies import hints
+
+    monkeypatch.setattr(hint_choice, "pairs_of", lambda *a: [("train-coarse", "layered:140:4105", "random:9")])
+    assert coarse_budget.main(["--train-coarse", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "coarse_budget_train.json").read_text())
+    (row,) = res["rows"]
+    assert row["apart_greedy"] > 0 and row["bounded_greedy"] > 0 and res["hints_changed"] in (0, 1)
+    assert hints.EXTRAS_APART is True
 
 
 def test_moldable_speed_times_the_same_allocations_both_ways(tmp_path: Path) -> None:

@@ -202,3 +202,29 @@ def test_refining_a_plan_offers_it_followed_and_on_the_level_grid():
     assert any(followed[k] != plain[k] for k in ids)
     for p in found:
         p.validate(g, m)
+
+
+def test_the_budgets_extra_plans_do_not_cut_the_hints_bounded_search_short(monkeypatch):
+    """On a coarsened CPU graph LP rounding's plan (a budget extra) is the fastest and projects to
+    itself; inside the bounded search it ended the search before TensorFlow's recommended
+    settings, whose projection onto the groups is far faster than either plan. Kept apart, the
+    extra is projected after the search and the better projection is the hint."""
+    from opsched.policies import hints
+    from opsched.policies.exported import load, pretrained_path
+
+    learned = load(pretrained_path())
+    g, m = load_graph("layered:200:901"), get_machine("xeon-8180-2s")
+    plans = episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
+    assert plans.extra == ("lp-rounding",)
+    assert min(plans, key=lambda k: plans[k][1]) == "lp-rounding"  # the fastest plan of all
+    data = prepare_episode(g, m, None, learned.max_nodes, learned.max_edges)
+
+    def projected(name):
+        follow = follow_of(data, plans[name][0], name)
+        return Simulator(m).makespan(g, to_plan(data, follow.slots, name, follow=follow))
+
+    name, _ = slot_hint(data, plans)
+    assert name != "lp-rounding" and projected(name) < projected("lp-rounding") * 0.9
+    assert slot_hint(data, dict(plans))[0] == "lp-rounding"  # a plain dict names no extras to keep apart
+    monkeypatch.setattr(hints, "EXTRAS_APART", False)
+    assert slot_hint(data, plans)[0] == "lp-rounding"

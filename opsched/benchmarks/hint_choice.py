@@ -81,7 +81,7 @@ def greedy_ratios(policy: Any, pairs: Sequence[tuple[str, str, str]]) -> list[di
     from opsched.engine.slots import from_plan, makespan
     from opsched.policies.budget import hint_extra
     from opsched.policies.exported import decode
-    from opsched.policies.hints import heuristic_plans, slot_hint
+    from opsched.policies.hints import HintPlans, heuristic_plans, slot_hint
     from opsched.policies.registry import BASELINE, names
     from opsched.specs import load_graph, load_machine
 
@@ -99,7 +99,9 @@ def greedy_ratios(policy: Any, pairs: Sequence[tuple[str, str, str]]) -> list[di
         extra = hint_extra(len(graph.ops), policy.max_nodes, bool(machine.gpus))
         for tag, hints in (("", tuple(policy.hints)), ("+cpa", (*policy.hints, "cpa")),
                            ("+budget", (*policy.hints, *extra))):
-            heur = {name: every[name] for name in dict.fromkeys(hints)}  # each heuristic planned once per pair
+            heur = HintPlans({name: every[name] for name in dict.fromkeys(hints)})  # each planned once per pair
+            if tag == "+budget":  # as the scheduler's episode_heuristics: the extras projected apart
+                heur.extra = tuple(x for x in dict.fromkeys(extra) if x not in policy.hints)
             chosen = {"orig": min(heur, key=lambda k: heur[k][1]),
                       "proj": min(heur, key=lambda k: makespan(bare, from_plan(bare, heur[k][0]))),
                       "slot": slot_hint(bare, heur, model)[0]}
