@@ -35,7 +35,16 @@ from opsched.graph import OpGraph
 from opsched.machine import Machine
 from opsched.plan import Plan
 from opsched.policies.base import MODEL_MAKESPAN, Policy, build_plan
-from opsched.policies.moldable import Problem, cpu_problem, list_plan, placements, simulate
+from opsched.policies.moldable import (
+    Problem,
+    bottom_levels,
+    cpu_problem,
+    list_plan,
+    longest_path_lists,
+    placements,
+    simulate,
+    top_levels,
+)
 from opsched.policies.registry import BASELINE, HINT, register
 
 
@@ -100,7 +109,7 @@ def _start(problem: Problem) -> tuple[list[int], list[float], np.ndarray, list[f
     alloc = [0] * problem.n
     dur = problem.durations(alloc).tolist()
     work = np.where(np.isnan(problem.fixed), problem.levels[0] * problem.times[:, 0], 0.0)
-    return (alloc, dur, work, *_path_lists(problem.graph, dur))
+    return (alloc, dur, work, *longest_path_lists(problem.graph, dur))
 
 
 def _allocate(problem: Problem, alloc: list[int], dur: list[float], work: np.ndarray, top: list[float],
@@ -162,32 +171,9 @@ def _allocate(problem: Problem, alloc: list[int], dur: list[float], work: np.nda
         out[Q] = list(alloc)
 
 
-def _path_lists(graph: OpGraph, w: list[float]) -> tuple[list[float], list[float]]:
-    """:func:`~opsched.policies.moldable.longest_paths` as lists (CPA's loop runs it
-    hundreds of times on one graph; the arrays cost more than the pass)."""
-    n = len(w)
-    top = [0.0] * n
-    bottom = [0.0] * n
-    preds, succs = graph.pred_index, graph.succ_index
-    for i in graph.topo_index:
-        best = 0.0
-        for j in preds[i]:
-            v = top[j] + w[j]
-            if v > best:
-                best = v
-        top[i] = best
-    for i in reversed(graph.topo_index):
-        best = 0.0
-        for j in succs[i]:
-            if bottom[j] > best:
-                best = bottom[j]
-        bottom[i] = w[i] + best
-    return top, bottom
-
-
 def _repath(graph: OpGraph, w: list[float], top: list[float], bottom: list[float], changed: int) -> None:
-    """Bring ``top`` and ``bottom`` (:func:`_path_lists` of ``w`` before op ``changed``'s
-    weight changed) up to date, in place.  Only the ops after ``changed`` in the
+    """Bring ``top`` and ``bottom`` (:func:`~opsched.policies.moldable.longest_path_lists`
+    of ``w`` before op ``changed``'s weight changed) up to date, in place.  Only the ops after ``changed`` in the
     topological order can have a new top level, and only it and the ops before it
     a new bottom level: the forward pass runs over that suffix and the backward
     pass over that prefix, each op recomputed by the full pass's own formula from
@@ -195,21 +181,10 @@ def _repath(graph: OpGraph, w: list[float], top: list[float], bottom: list[float
     half its work on average.  (A worklist that follows only the values that move
     does less on a wide graph but more on a long chain, where a shorter op moves
     every level after it: resnet50's 174 ops, 1.3x slower.)"""
-    preds, succs, order = graph.pred_index, graph.succ_index, graph.topo_index
+    order = graph.topo_index
     k = _topo_position(graph)[changed]
-    for i in order[k + 1:]:
-        best = 0.0
-        for j in preds[i]:
-            v = top[j] + w[j]
-            if v > best:
-                best = v
-        top[i] = best
-    for i in order[k::-1]:
-        best = 0.0
-        for j in succs[i]:
-            if bottom[j] > best:
-                best = bottom[j]
-        bottom[i] = w[i] + best
+    top_levels(graph, w, top, order[k + 1:])
+    bottom_levels(graph, w, bottom, order[k::-1])
 
 
 def _topo_position(graph: OpGraph) -> list[int]:

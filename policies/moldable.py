@@ -98,25 +98,43 @@ def longest_paths(graph: OpGraph, w: np.ndarray | Sequence[float]) -> tuple[np.n
     """(top level, bottom level) of every op under op weights ``w`` (an array or a
     list of floats): the longest path ending just before it starts, and the
     longest from its start to the end (its own weight included)."""
+    top, bottom = longest_path_lists(graph, w.tolist() if isinstance(w, np.ndarray) else list(w))
+    return np.array(top), np.array(bottom)
+
+
+def longest_path_lists(graph: OpGraph, w: list[float]) -> tuple[list[float], list[float]]:
+    """:func:`longest_paths` as lists (CPA's loop keeps them up to date step by step:
+    :func:`opsched.policies.cpa.cpa_allocations`)."""
     n = len(w)
-    wl = w.tolist() if isinstance(w, np.ndarray) else w
-    top = [0.0] * n
-    bottom = [0.0] * n
-    preds, succs = graph.pred_index, graph.succ_index
-    for i in graph.topo_index:
+    top, bottom = [0.0] * n, [0.0] * n
+    top_levels(graph, w, top, graph.topo_index)
+    bottom_levels(graph, w, bottom, graph.topo_index[::-1])
+    return top, bottom
+
+
+def top_levels(graph: OpGraph, w: Sequence[float], top: list[float], order: Sequence[int]) -> None:
+    """Set ``top[i]`` for the ops ``order`` names, in that (topological) order, from their
+    predecessors' top levels and weights: the forward pass of :func:`longest_paths`."""
+    preds = graph.pred_index
+    for i in order:
         best = 0.0
         for j in preds[i]:
-            v = top[j] + wl[j]
+            v = top[j] + w[j]
             if v > best:
                 best = v
         top[i] = best
-    for i in reversed(graph.topo_index):
+
+
+def bottom_levels(graph: OpGraph, w: Sequence[float], bottom: list[float], order: Sequence[int]) -> None:
+    """Set ``bottom[i]`` for the ops ``order`` names, in that (reverse topological) order,
+    from their successors' bottom levels: the backward pass of :func:`longest_paths`."""
+    succs = graph.succ_index
+    for i in order:
         best = 0.0
         for j in succs[i]:
             if bottom[j] > best:
                 best = bottom[j]
-        bottom[i] = wl[i] + best
-    return np.array(top), np.array(bottom)
+        bottom[i] = w[i] + best
 
 
 def list_plan(problem: Problem, machine: Machine, alloc: Sequence[int], policy: str, **meta: Any) -> Plan:
@@ -175,5 +193,5 @@ def simulate(graph: OpGraph, machine: Machine, model: PerfModel | None, plan: Pl
     return float(replay(prepare(graph, machine, model), plan)[0].now)
 
 
-__all__ = ["Problem", "clear_placements", "cpu_problem", "free_cores", "heft_placement", "list_plan", "longest_paths", "placements",
+__all__ = ["Problem", "clear_placements", "cpu_problem", "free_cores", "heft_placement", "list_plan", "bottom_levels", "longest_path_lists", "longest_paths", "placements", "top_levels",
            "simulate"]
