@@ -98,14 +98,14 @@ def best_known(graph: OpGraph, machine: Machine, model: PerfModel | None = None,
     also left out when OR-Tools is not installed, with ``cpsat_status``
     saying so)."""
     from opsched.engine.bounds import allocation_lp_bound, cpsat_schedule
-    from opsched.engine.sim import prepare, replay
+    from opsched.engine.sim import prepare, replay_plan_makespan
     from opsched.errors import OpschedError
     from opsched.policies import get_policy, heuristic_names
 
     static = prepare(graph, machine, model)
 
     def simulate(plan: Plan) -> float:
-        return float(replay(static, plan)[0].now)
+        return replay_plan_makespan(static, plan)
 
     plans: dict[str, Plan] = {}
     spans: dict[str, float] = {}

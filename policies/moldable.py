@@ -188,9 +188,9 @@ def placements(graph: OpGraph, machine: Machine, model: PerfModel | None) -> lis
 
 def simulate(graph: OpGraph, machine: Machine, model: PerfModel | None, plan: Plan) -> float:
     """``plan``'s makespan in the simulator under ``model`` (the plans' judge)."""
-    from opsched.engine.sim import prepare, replay
+    from opsched.engine.sim import prepare, replay_plan_makespan
 
-    return float(replay(prepare(graph, machine, model), plan)[0].now)
+    return replay_plan_makespan(prepare(graph, machine, model), plan)
 
 
 __all__ = ["Problem", "clear_placements", "cpu_problem", "free_cores", "heft_placement", "list_plan", "bottom_levels", "longest_path_lists", "longest_paths", "placements", "top_levels",

@@ -560,3 +560,23 @@ def test_moldable_speed_times_the_same_allocations_both_ways(tmp_path: Path) -> 
     assert "| erdos_renyi:150:5 | xeon-8180-2s |" in (tmp_path / "moldable_speed.md").read_text()
     with pytest.raises(SystemExit):
         moldable_speed.main(["--repeats", "0", "--out", str(tmp_path)])
+
+
+def test_replay_speed_compares_both_replays_on_the_same_plans_and_puts_the_gate_back(tmp_path: Path) -> None:
+    """``bench/replay_speed.py``: both replays plan every case it times to the same makespan,
+    the figures land in both files, and the fused replay's gate is the shipped one afterwards."""
+    import opsched.engine.sim as sim
+    from opsched.benchmarks import replay_speed
+    from opsched.engine.fast_replay import supports
+
+    res = replay_speed.run(1, (("erdos_renyi:25:951", "cpu:4:50:10000"),))
+    assert sim.supports_fast is supports
+    assert res["all_same_plan"] and len(res["rows"]) == 1
+    row = res["rows"][0]
+    assert row["fused_ms"] > 0 and row["general_ms"] > 0 and row["same_plan"]
+    assert "| erdos_renyi:25:951 | cpu:4:50:10000 | 25 |" in replay_speed.markdown(res)
+    with pytest.raises(SystemExit):
+        replay_speed.main(["--repeats", "0", "--out", str(tmp_path)])
+    assert replay_speed.main(["--repeats", "1", "--cases", "1", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "replay_speed.json").read_text())["rows"][0]["graph"] == "layered:200:911"
+    assert (tmp_path / "replay_speed.md").exists()

@@ -62,7 +62,14 @@ from typing import Any
 import numpy as np
 
 from opsched.engine.contracts import PerfModel
-from opsched.engine.sim import SimStatic, cached_fingerprint, plan_fingerprint, prepare, replay
+from opsched.engine.sim import (
+    SimStatic,
+    cached_fingerprint,
+    plan_fingerprint,
+    prepare,
+    replay,
+    replay_plan_makespan,
+)
 from opsched.errors import ExecutionError, OpschedError, PlanError
 from opsched.graph import OpGraph
 from opsched.machine import Machine
@@ -598,7 +605,7 @@ def cpsat_schedule(graph: OpGraph, machine: Machine, model: PerfModel | None = N
     spans = {}
     for key, plan in plans.items():
         try:
-            spans[key] = float(replay(s, plan)[0].now)
+            spans[key] = replay_plan_makespan(s, plan)
         except ExecutionError:
             spans[key] = float("inf")
     best = min(spans, key=spans.__getitem__)

@@ -92,7 +92,15 @@ resources, so the greedy pass runs per device.
 Speed: all per-graph quantities (the time table, demands, adjacency) are
 prepared once per (graph, machine, model) and cached; the event loop works on
 Python lists and a heap (numpy scalar access costs more than list indexing at
-this granularity), and nothing in it scans the whole graph.
+this granularity), and nothing in it scans the whole graph.  Planners and
+local search, which read nothing of a replay but its makespan, call
+:func:`replay_makespan`: where the run has nothing but the analytic law to
+price (no runtime model, no busy cores) it takes the fused loop of
+:mod:`opsched.engine.fast_replay`, the same event loop with every method
+inlined and no trace, memory or core bookkeeping, whose makespan is this
+loop's bit for bit (0.63-0.66x the planning time of 25-40-op graphs, whose
+default search is mostly replays; 0.90-0.97x on 200-op graphs;
+``python bench/replay_speed.py``, docs/bench/replay_speed.md).
 """
 
 from __future__ import annotations
@@ -107,6 +115,8 @@ from typing import Any
 import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
+from opsched.engine.fast_replay import fast_makespan
+from opsched.engine.fast_replay import supports as supports_fast
 from opsched.engine.models.analytic import AnalyticModel
 from opsched.errors import ExecutionError, PlanError
 from opsched.graph import OpGraph
@@ -824,6 +834,16 @@ def replay(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> tu
     end with the plan semantics' greedy dispatch; returns the finished state and
     whether the run was priced with several OpenMP teams (``omp_throttled``: from the
     moment a second one opens)."""
+    return replay_lists(s, *_plan_lists(s, plan), noise)
+
+
+def replay_plan_makespan(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> float:
+    """``replay(s, plan, noise)[0].now`` (the same float), by :func:`replay_makespan`."""
+    return replay_makespan(s, *_plan_lists(s, plan), noise)
+
+
+def _plan_lists(s: SimStatic, plan: Plan) -> tuple[list[int], list[int], list[float], list[tuple[int, ...]] | None]:
+    """``plan`` as per-op lists: device index, threads, priority, the ops it waits for (None: none anywhere)."""
     n = s.n
     asg = plan.assignments
     dev_index = s.machine.device_index
@@ -842,7 +862,29 @@ def replay(s: SimStatic, plan: Plan, noise: Sequence[float] | None = None) -> tu
             if after is None:
                 after = [_NO_AFTER] * n
             after[i] = tuple(index[x] for x in a.after)
-    return replay_lists(s, dev, thr, prio, after, noise)
+    return dev, thr, prio, after
+
+
+def _order(n: int, prio: Sequence[float]) -> tuple[list[int], list[int]]:
+    """The dispatch order of priorities ``prio`` (descending, ties: graph order) and its inverse."""
+    order = sorted(range(n), key=lambda i: (-prio[i], i))
+    rank = [0] * n
+    for r, i in enumerate(order):
+        rank[i] = r
+    return order, rank
+
+
+def replay_makespan(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[float],
+                    after: list[tuple[int, ...]] | None, noise: Sequence[float] | None = None) -> float:
+    """The makespan of :func:`replay_lists` (the same float), without the state:
+    by :func:`opsched.engine.fast_replay.fast_makespan`'s fused loop where it
+    prices the run (no runtime model, the analytic interference law, no busy
+    cores), by the general replay elsewhere.  What planners and local search
+    call, since they read nothing but the makespan."""
+    if supports_fast(s):
+        order, rank = _order(s.n, prio)
+        return fast_makespan(s, dev, thr, order, rank, after, noise)
+    return float(replay_lists(s, dev, thr, prio, after, noise)[0].now)
 
 
 def replay_lists(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[float],
@@ -852,10 +894,7 @@ def replay_lists(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[fl
     over slot plans holds them (:func:`opsched.engine.slots.makespan`), without
     building a Plan first."""
     n = s.n
-    order = sorted(range(n), key=lambda i: (-prio[i], i))
-    rank = [0] * n
-    for r, i in enumerate(order):
-        rank[i] = r
+    order, rank = _order(n, prio)
     st = _dispatch(s, dev, thr, order, rank, after, noise, None)
     if (s.team_s > 0.0 or s.spin_s > 0.0) and any(thr[i] > 1 and not s.devices[dev[i]].is_gpu for i in range(n)):
         t = second_team_time(st, s)
@@ -988,8 +1027,7 @@ class Simulator:
         if validate:
             self.validate(graph, plan)
         s = self.static(graph)
-        st, _ = replay(s, plan, self._noise(s.n, None))
-        return float(st.now)
+        return replay_plan_makespan(s, plan, self._noise(s.n, None))
 
     def peak_bytes(self, graph: OpGraph, plan: Plan, device: str = "cpu") -> float:
         """The most bytes of op outputs ``plan`` keeps alive at once on ``device`` (the activations

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.engine.sim import replay_lists
+from opsched.engine.sim import replay_makespan
 from opsched.errors import ExecutionError
 from opsched.plan import Assignment, Plan
 
@@ -210,8 +210,7 @@ def makespan(data: Any, sp: SlotPlan) -> float:
     prio = [float(n - r) for r in sp.rank]  # the priorities _assignments gives, without building the Plan
     after = [tuple(a) for a in sp.after] if any(sp.after) else None
     try:
-        st, _ = replay_lists(data.static, dev, thr, prio, after)
-        sp.makespan = float(st.now)
+        sp.makespan = replay_makespan(data.static, dev, thr, prio, after)
     except ExecutionError:  # a projected plan whose holds cross coarse groups both ways: it would stall
         sp.makespan = float("inf")
     return sp.makespan

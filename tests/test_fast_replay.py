@@ -1,0 +1,115 @@
+"""The fused makespan replay (opsched.engine.fast_replay) against the general one.
+
+Planners and local search read only a replay's makespan, so they take the
+fused loop; it must give the general replay's makespan bit for bit wherever
+it applies, and step aside (to the general replay) wherever it does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opsched.engine.fast_replay import supports
+from opsched.engine.models.analytic import AnalyticModel
+from opsched.engine.sim import prepare, replay_lists, replay_makespan
+from opsched.errors import ExecutionError
+from opsched.machine import get_machine
+from opsched.synthetic import generate
+
+MACHINES = ("knl-68", "xeon-8180-2s", "dgx1-4v100", "2x2080ti", "cpu:4:50:30", "cpu:4:50:10000")
+
+
+def _both(s, dev, thr, prio, after, noise=None):
+    """(general makespan, fused makespan); "stall" where the replay stalls."""
+    out = []
+    for f in (lambda: float(replay_lists(s, dev, thr, prio, after, noise)[0].now),
+              lambda: replay_makespan(s, dev, thr, prio, after, noise)):
+        try:
+            out.append(f())
+        except ExecutionError:
+            out.append("stall")
+    return out
+
+
+def _random_plan(s, rng, holds: float, off_level: float):
+    """Random devices, threads (a level, or now and then any count), priorities with ties, holds."""
+    dev = [int(rng.integers(s.n_dev)) for _ in range(s.n)]
+    thr = [int(rng.integers(1, s.caps[d] + 1)) if rng.random() < off_level
+           else int(s.levels[d][int(rng.integers(len(s.levels[d])))]) for d in dev]
+    prio = [float(rng.integers(0, max(2, s.n // 2))) for _ in range(s.n)]  # ties: graph order decides
+    after = None
+    if holds:
+        after = [tuple(int(x) for x in rng.integers(0, s.n, int(rng.random() < holds))) for _ in range(s.n)]
+    return dev, thr, prio, after
+
+
+@settings(max_examples=60, deadline=None)
+@given(family=st.sampled_from(("layered", "erdos_renyi", "watts_strogatz")), n_ops=st.integers(1, 60),
+       seed=st.integers(0, 10_000), machine=st.sampled_from(MACHINES), holds=st.sampled_from((0.0, 0.15)),
+       off_level=st.sampled_from((0.0, 0.2)), noisy=st.booleans())
+def test_fused_makespan_is_the_general_replays_bit_for_bit(family, n_ops, seed, machine, holds, off_level, noisy):
+    s = prepare(generate(family, n_ops, seed), get_machine(machine))
+    assert supports(s)
+    rng = np.random.default_rng(seed)
+    dev, thr, prio, after = _random_plan(s, rng, holds, off_level)
+    noise = rng.lognormal(0.0, 0.3, s.n).tolist() if noisy else None
+    general, fused = _both(s, dev, thr, prio, after, noise)
+    assert fused == general
+
+
+def test_a_stalling_plan_stalls_in_both():
+    """Holds in both directions between two independent ops: neither can start."""
+    g = generate("layered", 6, 1)
+    s = prepare(g, get_machine("cpu:4:50:10000"))
+    a, b = 0, next(i for i in range(1, s.n) if not s.preds[i] and i != 0)
+    after = [()] * s.n
+    after[a], after[b] = (b,), (a,)
+    general, fused = _both(s, [0] * s.n, [1] * s.n, [0.0] * s.n, after)
+    assert general == fused == "stall"
+
+
+def test_the_heuristics_plans_score_the_same_on_the_coarse_episode():
+    """What the exported scheduler replays: slot plans on a coarsened episode's static."""
+    from opsched.engine.observe import prepare_episode
+    from opsched.engine.slots import from_plan, makespan
+    from opsched.policies import get_policy
+    from opsched.policies.exported import load, pretrained_path
+
+    g, m = generate("erdos_renyi", 180, 3), get_machine("dgx1-4v100")
+    policy = load(pretrained_path())
+    data = prepare_episode(g, m, None, policy.max_nodes, policy.max_edges)
+    assert not data.coarsening.identity and supports(data.static)
+    for name in ("heft", "critical-path-first", "cpa"):
+        sp = from_plan(data, get_policy(name).plan(g, m), name)
+        levels = data.static.levels
+        thr = [int(levels[d][lv]) for d, lv in zip(sp.device, sp.level, strict=True)]
+        general = float(replay_lists(data.static, sp.device, thr, [float(data.n - r) for r in sp.rank],
+                                     [tuple(a) for a in sp.after] if any(sp.after) else None)[0].now)
+        assert makespan(data, sp) == general
+
+
+@pytest.mark.parametrize("why", ["runtime model", "busy cores", "another interference law"])
+def test_what_the_fused_loop_does_not_price_takes_the_general_replay(why):
+    from opsched.engine.models.ort_runtime import OrtRuntime
+    from opsched.engine.models.runtime import PlanningModel
+    from opsched.hard import hard_machine
+
+    g = generate("erdos_renyi", 40, 5)
+    if why == "runtime model":
+        s = prepare(g, get_machine("cpu:4:50:30"), PlanningModel(AnalyticModel(), OrtRuntime(handoff_s=20e-6)))
+    elif why == "busy cores":
+        s = prepare(g, hard_machine("busy", 922))
+    else:
+        class Harsher(AnalyticModel):
+            def slowdown(self, device, demands):
+                return 1.0 + 0.5 * np.asarray(demands) / max(device.mem_bandwidth_gbs, 1e-9)
+
+        s = prepare(g, get_machine("cpu:4:50:30"), Harsher())
+    assert not supports(s)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        dev, thr, prio, after = _random_plan(s, rng, 0.1, 0.0)
+        general, fused = _both(s, dev, thr, prio, after)
+        assert fused == general
