@@ -115,7 +115,7 @@ from typing import Any
 import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
-from opsched.engine.fast_replay import fast_makespan
+from opsched.engine.fast_replay import corun_rates, fast_makespan
 from opsched.engine.fast_replay import supports as supports_fast
 from opsched.engine.models.analytic import AnalyticModel
 from opsched.errors import ExecutionError, PlanError
@@ -629,13 +629,7 @@ class SimState:
                 rates: Sequence[float] = (1.0,) * len(ops)
             elif s.inline_slowdown:
                 dem = [demand[i] for i in ops]
-                tot = sum(dem)
-                bw = s.bandwidth[d]
-                if tot <= bw or tot <= 0:
-                    rates = (1.0,) * len(ops)
-                else:  # AnalyticModel.slowdown, inlined: 1 + clip(demand / bw, 0, 1) * (total / bw - 1)
-                    over = tot / bw - 1.0
-                    rates = [1.0 / (1.0 + (x / bw if x < bw else 1.0) * over) if x > 0 else 1.0 for x in dem]
+                rates = corun_rates(dem, sum(dem), s.bandwidth[d])  # AnalyticModel.slowdown, without numpy
             elif s.runtime is not None:
                 alone = self._alone
                 rates = [1.0 / f for f in s.slowdown_timed(d, [demand[i] for i in ops], [alone[i] for i in ops])]
