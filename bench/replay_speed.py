@@ -1,4 +1,4 @@
-"""Planning with the fused makespan replay against the general one. See :mod:`opsched.benchmarks.replay_speed`."""
+"""Planning with the compiled makespan replay against its Python form and the general replay. See :mod:`opsched.benchmarks.replay_speed`."""
 
 from opsched.benchmarks.replay_speed import main
 

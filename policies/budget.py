@@ -77,10 +77,14 @@ docs/bench/coarse_budget.md), makespan over the best baseline, default
 search / greedy decoding, and CPU ms per plan:
 
 * the 10 steps (before): 1.031 / 1.033 (worst 1.169), 65 ms;
-* LP rounding, in the hint too (shipped): 1.001 / 1.003 (worst 1.033), 71 ms;
+* LP rounding, in the hint too (shipped until then): 1.001 / 1.003 (worst 1.033), 71 ms;
 * LP rounding, not in the hint: 1.001 / 1.033, 71 ms;
-* LP rounding and biCPA: 1.000 / 1.002, 83 ms - the best, but it puts the
-  200-op CPU cases of the planning target at 102-111 ms.
+* LP rounding and biCPA (shipped since the compiled makespan replay,
+  :mod:`opsched.engine.fast_replay`): 1.000 / 1.002, 83 ms - the best, but
+  with the replays run as Python it put the 200-op CPU cases of the planning
+  target at 102-111 ms, so it waited; compiled, the same rules took 45 ms
+  (before), 57 (LP rounding) and 67 (both), and the planning target's CPU
+  cases 77-83 ms with both.
 
 In the hint, LP rounding's plan is kept out of
 :func:`opsched.policies.hints.slot_hint`'s bounded projection search and
@@ -112,15 +116,23 @@ BUDGET_EXTRA = "lp-rounding"
 #: The heuristics a graph larger than the budget graph gets as candidates on a machine without GPUs
 #: (``large_baselines``): the baselines that are not default candidates.
 LARGE_EXTRA: tuple[str, ...] = ("bicpa", "lp-rounding")
+#: Planning cost of biCPA per op, in op units, on a machine without GPUs (measured 0.035-0.11 ms per op).
+BICPA_COST = 0.2
 #: What a coarsened graph of at most the budget graph's size gets on a machine without GPUs
 #: (``large_baselines``), paid for with local-search steps.
-COARSE_EXTRA: tuple[str, ...] = ("lp-rounding",)
+COARSE_EXTRA: tuple[str, ...] = ("lp-rounding", "bicpa")
 #: Whether :data:`COARSE_EXTRA` joins the hint's plans too (:func:`hint_extra`).
 COARSE_HINT = True
 
 
-#: Local-search steps :data:`COARSE_EXTRA` costs (LP rounding's op units over a step's, rounded up).
-COARSE_STEPS = math.ceil(sum(LP_COST[False] for _ in COARSE_EXTRA) / STEP_COST)
+def coarse_steps(extra: tuple[str, ...]) -> int:
+    """Local-search steps the coarsened rule's ``extra`` candidates cost: their op units
+    (LP rounding's :data:`LP_COST` without GPUs, :data:`BICPA_COST`) over a step's, rounded up."""
+    return math.ceil(sum(LP_COST[False] if h == "lp-rounding" else BICPA_COST for h in extra) / STEP_COST)
+
+
+#: Local-search steps :data:`COARSE_EXTRA` costs.
+COARSE_STEPS = coarse_steps(COARSE_EXTRA)
 
 
 @dataclass(frozen=True)
@@ -190,5 +202,5 @@ def hint_extra(n_ops: int, max_nodes: int, has_gpu: bool) -> tuple[str, ...]:
                          COARSE_HINT and n_ops > max_nodes).extra
 
 
-__all__ = ["BUDGET_EXTRA", "BUDGET_OPS", "COARSE_EXTRA", "COARSE_STEPS", "FILL", "LARGE_EXTRA", "LP_COST", "MAX_STEPS", "STEP_COST", "SearchBudget",
-           "hint_extra", "planned_size", "search_budget"]
+__all__ = ["BICPA_COST", "BUDGET_EXTRA", "BUDGET_OPS", "COARSE_EXTRA", "COARSE_STEPS", "FILL", "LARGE_EXTRA", "LP_COST", "MAX_STEPS", "STEP_COST", "SearchBudget",
+           "coarse_steps", "hint_extra", "planned_size", "search_budget"]

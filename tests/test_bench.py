@@ -522,9 +522,12 @@ def test_coarse_budget_compares_its_rules_and_puts_the_budget_back(tmp_path: Pat
     shipped = (budget.COARSE_EXTRA, budget.COARSE_STEPS)
     with coarse_budget.rule("before"):
         assert budget.search_budget(200, False, 10, 0.7, 200, True, True) == budget.SearchBudget(10)
-    with coarse_budget.rule("lp+bicpa"):
+    with coarse_budget.rule("lp"):
+        assert budget.search_budget(200, False, 10, 0.7, 200, True, True).extra == ("lp-rounding",)
+        assert budget.COARSE_STEPS < shipped[1]
+    with coarse_budget.rule("lp+bicpa"):  # the shipped rule
         assert budget.search_budget(200, False, 10, 0.7, 200, True, True).extra == ("lp-rounding", "bicpa")
-        assert budget.COARSE_STEPS > shipped[1]
+        assert budget.COARSE_STEPS == shipped[1]
     assert (budget.COARSE_EXTRA, budget.COARSE_STEPS) == shipped
     monkeypatch.setattr(coarse_budget, "pairs", lambda quick=False: [("layered:140:4105", "random:9")])
     assert coarse_budget.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -563,18 +566,22 @@ def test_moldable_speed_times_the_same_allocations_both_ways(tmp_path: Path) -> 
 
 
 def test_replay_speed_compares_both_replays_on_the_same_plans_and_puts_the_gate_back(tmp_path: Path) -> None:
-    """``bench/replay_speed.py``: both replays plan every case it times to the same makespan,
-    the figures land in both files, and the fused replay's gate is the shipped one afterwards."""
+    """``bench/replay_speed.py``: the three replays plan every case it times to the same makespan,
+    the figures land in both files, and the shipped gate and compiled loop are back afterwards."""
+    import opsched.engine.fast_replay as fast
     import opsched.engine.sim as sim
     from opsched.benchmarks import replay_speed
     from opsched.engine.fast_replay import supports
 
-    res = replay_speed.run(1, (("erdos_renyi:25:951", "cpu:4:50:10000"),))
-    assert sim.supports_fast is supports
+    compiled = fast._compiled()
+    res = replay_speed.run(1, (("erdos_renyi:25:951", "cpu:4:50:10000"),), python=True)
+    assert sim.supports_fast is supports and fast._compiled() is compiled
     assert res["all_same_plan"] and len(res["rows"]) == 1
     row = res["rows"][0]
-    assert row["fused_ms"] > 0 and row["general_ms"] > 0 and row["same_plan"]
+    assert row["compiled_ms"] > 0 and row["python_ms"] > 0 and row["general_ms"] > 0 and row["same_plan"]
     assert "| erdos_renyi:25:951 | cpu:4:50:10000 | 25 |" in replay_speed.markdown(res)
+    assert "| compiled ms | general ms | python ms | compiled / general | python / general |" in \
+        replay_speed.markdown(res)
     with pytest.raises(SystemExit):
         replay_speed.main(["--repeats", "0", "--out", str(tmp_path)])
     assert replay_speed.main(["--repeats", "1", "--cases", "1", "--out", str(tmp_path)]) == 0

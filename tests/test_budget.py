@@ -63,6 +63,7 @@ def test_a_small_graph_searches_longer_and_tries_lp_rounding(learned):
     assert after.meta["refine_steps"] > before.meta["refine_steps"]
     assert "heuristic:lp-rounding" in after.meta["candidates"]
     assert "heuristic:lp-rounding" not in before.meta["candidates"]
+    assert "heuristic:bicpa" not in before.meta["candidates"]
     after.validate(g, m)
     sim = SimBackend(m)
     mine = sim.run(g, after).makespan
@@ -88,30 +89,32 @@ def test_a_graph_at_the_budget_size_plans_exactly_as_without_it(learned):
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 400), gpu=st.booleans(), refine=st.integers(0, 80), fill=st.floats(0.0, 1.0),
        budget_ops=st.sampled_from([0, 50, 200]), large=st.booleans())
-def test_a_coarsened_graph_within_the_budget_buys_lp_rounding_with_its_steps(n, gpu, refine, fill, budget_ops, large):
+def test_a_coarsened_graph_within_the_budget_buys_lp_rounding_and_bicpa_with_its_steps(n, gpu, refine, fill, budget_ops, large):
     """The coarsened rule: only with large_baselines, only without GPUs, only at the budget graph's
     charge; its candidate is paid for with steps at their op-unit costs; elsewhere nothing changes."""
-    from opsched.policies.budget import COARSE_EXTRA, STEP_COST
+    from opsched.policies.budget import BICPA_COST, COARSE_EXTRA, STEP_COST
 
     plain = search_budget(n, gpu, refine, fill, budget_ops, large)
     coarse = search_budget(n, gpu, refine, fill, budget_ops, large, coarsened=True)
     if large and not gpu and 0 < budget_ops == n:
         assert coarse.extra == COARSE_EXTRA and coarse.steps == max(0, refine - COARSE_STEPS)
-        assert COARSE_STEPS * STEP_COST >= LP_COST[False] > (COARSE_STEPS - 1) * STEP_COST
+        cost = sum(LP_COST[False] if h == "lp-rounding" else BICPA_COST for h in COARSE_EXTRA)
+        assert COARSE_STEPS * STEP_COST >= cost > (COARSE_STEPS - 1) * STEP_COST
     else:
         assert coarse == plain
 
 
-def test_the_budget_graph_without_gpus_tries_lp_rounding_instead_of_local_search(learned):
-    """A 200-op graph (coarsened) on a CPU-only machine: LP rounding is a candidate and the hint's
-    plans hold it; the default 10 steps paid for it; never slower than the plan before the rule."""
+def test_the_budget_graph_without_gpus_tries_lp_rounding_and_bicpa_instead_of_local_search(learned):
+    """A 200-op graph (coarsened) on a CPU-only machine: LP rounding and biCPA are candidates and the
+    hint's plans hold them; the default 10 steps paid for them; never slower than the plan before the rule."""
     from opsched.benchmarks.coarse_budget import rule
     from opsched.policies.hints import episode_heuristics
 
     g, m = generate("erdos_renyi", 200, 7), get_machine("xeon-8180-2s")
     plan = learned.plan(g, m)
-    assert "heuristic:lp-rounding" in plan.meta["candidates"] and plan.meta["refine_steps"] == 0
-    assert "lp-rounding" in episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
+    assert {"heuristic:lp-rounding", "heuristic:bicpa"} <= set(plan.meta["candidates"])
+    assert plan.meta["refine_steps"] == 0
+    assert {"lp-rounding", "bicpa"} <= set(episode_heuristics(g, m, None, learned.hints, learned.max_nodes))
     plan.validate(g, m)
     assert SimBackend(m).run(g, plan).makespan == pytest.approx(min(plan.meta["candidates"].values()))
     more = learned.plan(g, m, refine=60)  # a larger refine keeps what LP rounding did not cost

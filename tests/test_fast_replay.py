@@ -1,8 +1,9 @@
 """The fused makespan replay (opsched.engine.fast_replay) against the general one.
 
 Planners and local search read only a replay's makespan, so they take the
-fused loop; it must give the general replay's makespan bit for bit wherever
-it applies, and step aside (to the general replay) wherever it does not."""
+fused loop (compiled by numba where it is installed); it must give the
+general replay's makespan bit for bit wherever it applies, compiled and run
+as Python alike, and step aside (to the general replay) wherever it does not."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opsched.engine.fast_replay import supports
+from opsched.engine.fast_replay import fast_makespan, supports
 from opsched.engine.models.analytic import AnalyticModel
 from opsched.engine.sim import prepare, replay_lists, replay_makespan
 from opsched.errors import ExecutionError
@@ -22,7 +23,8 @@ MACHINES = ("knl-68", "xeon-8180-2s", "dgx1-4v100", "2x2080ti", "cpu:4:50:30", "
 
 
 def _both(s, dev, thr, prio, after, noise=None):
-    """(general makespan, fused makespan); "stall" where the replay stalls."""
+    """(general makespan, fused makespan); "stall" where the replay stalls.  Where the fused
+    loop applies, its Python form must give the compiled one's makespan too."""
     out = []
     for f in (lambda: float(replay_lists(s, dev, thr, prio, after, noise)[0].now),
               lambda: replay_makespan(s, dev, thr, prio, after, noise)):
@@ -30,6 +32,12 @@ def _both(s, dev, thr, prio, after, noise=None):
             out.append(f())
         except ExecutionError:
             out.append("stall")
+    if supports(s):
+        try:
+            python = fast_makespan(s, dev, thr, prio, after, noise, jit=False)
+        except ExecutionError:
+            python = "stall"
+        assert python == out[1], "the loop run as Python and compiled differ"
     return out
 
 
@@ -113,3 +121,24 @@ def test_what_the_fused_loop_does_not_price_takes_the_general_replay(why):
         dev, thr, prio, after = _random_plan(s, rng, 0.1, 0.0)
         general, fused = _both(s, dev, thr, prio, after)
         assert fused == general
+
+
+def test_the_loop_is_compiled_and_its_cache_stays_out_of_the_checkout():
+    """numba compiles the loop (it is a dependency), into opsched's cache folder, not next to the source."""
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    import opsched.engine.fast_replay as fast
+    from opsched.cache import root
+
+    if importlib.util.find_spec("numba") is None or not fast.available():
+        pytest.skip("numba is not installed or OPSCHED_NO_JIT is set: replays take the general loop")
+    s = prepare(generate("layered", 12, 2), get_machine("cpu:4:50:30"))
+    replay_makespan(s, [0] * s.n, [1] * s.n, [0.0] * s.n, None)
+    loop = fast._compiled()
+    assert loop is not fast._loop and loop.py_func is fast._loop
+    source = Path(fast.__file__).parent / "__pycache__"
+    assert not list(source.glob("fast_replay._loop*")), "numba wrote its cache next to the source"
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        assert list((root() / "numba").rglob("fast_replay._loop*"))

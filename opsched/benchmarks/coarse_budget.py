@@ -53,21 +53,17 @@ RULES: dict[str, tuple[str, ...]] = {"before": (), "lp": ("lp-rounding",), "lp, 
 SYNTHETIC: tuple[tuple[str, int, int], ...] = (
     ("erdos_renyi", 150, 4101), ("layered", 170, 4102), ("watts_strogatz", 190, 4103),
     ("erdos_renyi", 200, 4104), ("layered", 140, 4105), ("watts_strogatz", 160, 4106))
-#: The biCPA cost the ``lp+bicpa`` rule charges, op units per op (measured: 0.035-0.11 ms per op, about 0.2 units).
-BICPA_COST = 0.2
 
 
 @contextlib.contextmanager
 def rule(name: str) -> Iterator[None]:
     """The budget module with the rule ``name`` in force inside the block."""
-    import math
-
     from opsched.benchmarks.rejected import patched
     from opsched.policies import budget as B
     from opsched.policies import hints
 
     extra = RULES[name]
-    steps = math.ceil(sum(B.LP_COST[False] if h == "lp-rounding" else BICPA_COST for h in extra) / B.STEP_COST)
+    steps = B.coarse_steps(extra)
     with patched(B, "COARSE_EXTRA", extra), patched(B, "COARSE_STEPS", steps), \
             patched(B, "COARSE_HINT", not name.endswith("not hinted")), \
             patched(hints, "EXTRAS_APART", not name.endswith("bounded")):

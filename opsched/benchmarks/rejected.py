@@ -46,12 +46,14 @@ from typing import Any
 import numpy as np
 
 import opsched.benchmarks.harness as H
+from opsched.policies import budget as _budget
 from opsched.timing import geomean, host_record
 
-#: biCPA's planning cost per op in op units, as the variant counts it: 0.035-0.11 ms per op since its
-#: caps share one allocation pass (``bench/moldable_speed.py``), about 0.2 of the 0.44-0.54 ms base
-#: (it was 0.5, LP rounding's without GPUs, when the variant was first measured and rejected).
-BICPA_COST = 0.2
+#: biCPA's planning cost per op in op units, as the variant counts it: the budget's
+#: (:data:`opsched.policies.budget.BICPA_COST`, 0.035-0.11 ms per op since its caps share one
+#: allocation pass, ``bench/moldable_speed.py``; it was 0.5, LP rounding's without GPUs, when the
+#: variant was first measured and rejected).
+BICPA_COST = _budget.BICPA_COST
 #: The small graphs of ``moves``: seeds (family and size follow the seed) and machines.
 MOVE_SEEDS: tuple[int, ...] = tuple(range(960, 984))
 MOVE_MACHINES: tuple[str, ...] = ("cpu:4:50:10000", "cpu:8:40:20000")

@@ -1,36 +1,55 @@
-"""A plan replay's makespan in one fused loop: what planners and local search pay for.
+"""A plan replay's makespan in one compiled loop: what planners and local search pay for.
 
 Local search, the heuristics' scoring and the exported scheduler's candidates
 replay whole plans hundreds of times per planning call and read nothing of
-the run but its makespan; those replays were about half of planning a
-200-op graph (issue 23's 100 ms target).  :class:`opsched.engine.sim.SimState`
-is built for the environment, which starts ops one decision at a time and
-reads every field: a replay through it pays a method call per op start,
-completion and rate update, and keeps trace, memory and core-slot
-bookkeeping that a makespan never reads.
+the run but its makespan.  :class:`opsched.engine.sim.SimState` is built for
+the environment, which starts ops one decision at a time and reads every
+field: a replay through it pays a method call per op start, completion and
+rate update, and keeps trace, memory and core-slot bookkeeping that a
+makespan never reads.
 
 :func:`fast_makespan` runs the same dispatch (``opsched.engine.sim``'s
 ``_dispatch``: ready ops by rank, per device, at every event) and the same
 event loop (``SimState.advance`` / ``_flush``: progress-based durations,
 finish times superseded by version, the analytic interference law, GPU
-occupancy), fused into one function with everything in locals, and with the
-same floating-point operations in the same order, so its makespan equals
-the general replay's *exactly* (a hypothesis test compares them bit for bit
-on random graphs, machines and plans).  It applies only where the run has
-nothing else to price (:func:`supports`): no runtime model (hand-offs,
-OpenMP spin and teams, thread switches), the analytic interference law, no
-busy cores.  Everything else takes the general path
+occupancy) in one function, :func:`_loop`, over numpy arrays, with the same
+floating-point operations in the same order, so its makespan equals the
+general replay's *exactly* (a hypothesis test compares them bit for bit on
+random graphs, machines and plans, compiled and not).  It applies only where
+the run has nothing else to price (:func:`supports`): no runtime model
+(hand-offs, OpenMP spin and teams, thread switches), the analytic
+interference law, no busy cores.  Everything else takes the general path
 (:func:`opsched.engine.sim.replay_makespan` decides).
+
+**Compiled with numba** (a dependency; the exported scheduler's numpy-only
+contract is unchanged: without numba, or with ``OPSCHED_NO_JIT=1``,
+:func:`available` is false and :func:`opsched.engine.sim.replay_makespan`
+takes the general replay, since this loop run as Python is 1.3-1.9x slower
+than that, measured).  Compiled, a 200-op replay takes 80-150 us instead of
+1.5-1.8 ms.  The first call in a process compiles it (about 2.5 s) or loads
+it from numba's cache (about 0.4 s with numba's import), which lives in
+opsched's cache directory (``<cache>/numba``, :mod:`opsched.cache`) rather
+than next to the source; numba's own ``NUMBA_CACHE_DIR`` wins where it is
+set.  The
+arrays the loop needs of a (graph, machine, model) are built once and kept on
+its :class:`~opsched.engine.sim.SimStatic` (:func:`_static_arrays`); per
+replay only the plan's own arrays are made (its alone times, transfer
+times of its cross-device edges, its holds).
 """
 
 from __future__ import annotations
 
 import heapq
-from bisect import insort
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from opsched.errors import ExecutionError
+
+#: Set (to anything but "" or "0") to run the loop as Python: for debugging, and what the tests compare.
+NO_JIT_ENV = "OPSCHED_NO_JIT"
 
 
 def supports(s: Any) -> bool:
@@ -43,125 +62,219 @@ def corun_rates(demands: list[float], total: float, bandwidth: float) -> Sequenc
     """The analytic interference law's rates (1 / slowdown) of ops co-running on a device
     of ``bandwidth`` GB/s with alone demands ``demands`` summing to ``total``
     (``AnalyticModel.slowdown``: ``1 + clip(demand / bw, 0, 1) * (total / bw - 1)``),
-    shared by :func:`fast_makespan` and ``SimState._flush``.  Only the rate update
-    that follows stays written out in both: as a call per flush it cost the fused
-    loop 10-34% of its speed (measured on 25- and 200-op graphs)."""
+    as ``SimState._flush`` computes them; :func:`_loop` computes the same floats
+    op by op (the bit-for-bit test holds the two together)."""
     if total <= bandwidth or total <= 0:
         return (1.0,) * len(demands)
     over = total / bandwidth - 1.0
     return [1.0 / (1.0 + (x / bandwidth if x < bandwidth else 1.0) * over) if x > 0 else 1.0 for x in demands]
 
 
-def fast_makespan(s: Any, dev: list[int], thr: list[int], order: list[int], rank: list[int],
-                  after: list[tuple[int, ...]] | None, noise: Sequence[float] | None = None) -> float:
-    """The makespan of the plan given as per-op devices, threads, dispatch
-    ``order`` (op indices, first first) and ``rank`` (its inverse), and the
-    ops each waits for (None: none anywhere), on ``s`` (see the module
-    docstring; :func:`supports` must hold).  Raises
-    :class:`~opsched.errors.ExecutionError` where the general replay stalls."""
-    n, n_dev = s.n, s.n_dev
-    preds = s.preds
-    times, demands, level_index = s.times, s.demands, s.level_index
-    edge_bytes, transfer = s.edge_bytes, s.transfer
-    bandwidth = s.bandwidth
-    occ = s.occupancy
-    gpus = s.gpus
-    if after is not None and any(after):
-        succ = [list(x) for x in s.succs]
-        pending = [len(p) for p in preds]
+class _Arrays:
+    """What :func:`_loop` needs of one (graph, machine, model), as arrays: the
+    predecessor and successor lists (CSR, in ``pred_index`` / ``succ_index``
+    order), each predecessor edge's bytes, the time and demand tables, a
+    (device, threads) -> level lookup (-1: between the levels) and the
+    devices' caps, bandwidths and GPU occupancies."""
+
+    def __init__(self, s: Any) -> None:
+        n, n_dev = s.n, s.n_dev
+        counts = [len(p) for p in s.preds]
+        self.pptr = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=self.pptr[1:])
+        self.pidx_list = [p for ps in s.preds for p in ps]
+        self.pcons_list = [i for i, ps in enumerate(s.preds) for _ in ps]
+        self.pbytes = [s.edge_bytes[(p, i)] for i, ps in enumerate(s.preds) for p in ps]
+        self.pidx = np.array(self.pidx_list, np.int64)
+        self.pcons = np.array(self.pcons_list, np.int64)
+        self.indeg = np.array(counts, np.int64)
+        self.sptr = np.zeros(n + 1, np.int64)
+        np.cumsum([len(x) for x in s.succs], out=self.sptr[1:])
+        self.sidx = np.array([j for js in s.succs for j in js], np.int64)
+        self.times = np.asarray(s.table.times, np.float64).reshape(n, n_dev, -1)
+        self.demands = np.array(s.demands, np.float64).reshape(self.times.shape)
+        width = max(s.caps) + 1 if n_dev else 1
+        self.lut = np.full((n_dev, width), -1, np.int64)
+        for d, index in enumerate(s.level_index):
+            for k, lv in index.items():
+                if 0 <= k < width:
+                    self.lut[d, k] = lv
+        self.caps = np.array(s.caps, np.int64)
+        self.bandwidth = np.array(s.bandwidth, np.float64)
+        self.gpu_occ = np.array([s.occupancy is not None and g for g in s.gpus], np.bool_)
+        self.occ = (np.array(s.occupancy, np.float64).reshape(n, n_dev) if s.occupancy is not None
+                    else np.zeros((n, n_dev), np.float64))
+        self.empty = np.zeros(0, np.int64)
+        self.zero_ptr = np.zeros(n + 1, np.int64)
+
+
+def _static_arrays(s: Any) -> _Arrays:
+    """``s``'s :class:`_Arrays`, built on first use and kept on ``s``."""
+    a = s.__dict__.get("_fast_arrays")
+    if a is None:
+        a = s._fast_arrays = _Arrays(s)
+    return a
+
+
+def fast_makespan(s: Any, dev: list[int], thr: list[int], prio: Sequence[float],
+                  after: list[tuple[int, ...]] | None, noise: Sequence[float] | None = None,
+                  jit: bool = True) -> float:
+    """The makespan of the plan given as per-op devices, threads, priorities
+    (dispatch order: descending, ties in graph order) and the ops each waits
+    for (None: none anywhere), on ``s`` (see the module docstring;
+    :func:`supports` must hold); ``jit=False`` runs the loop as Python (what
+    the tests compare; :func:`available` must hold otherwise).
+    Raises :class:`~opsched.errors.ExecutionError` where the general replay stalls."""
+    a = _static_arrays(s)
+    n = s.n
+    dv = np.array(dev, np.int64)
+    th = np.array(thr, np.int64)
+    order = np.argsort(-np.asarray(prio, np.float64), kind="stable")  # ties keep graph order, as _order's sort
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n, dtype=np.int64)
+    # alone times and demands: the table where the count is a level, the model between levels
+    width = a.lut.shape[1]
+    lv = a.lut[dv, np.minimum(th, width - 1)] if n else a.empty
+    lv = np.where(th < width, lv, -1) if n else lv
+    on = np.maximum(lv, 0)
+    ar = np.arange(n)
+    work = a.times[ar, dv, on] if n else np.zeros(0)
+    demand = a.demands[ar, dv, on] if n else np.zeros(0)
+    for i in np.flatnonzero(lv < 0).tolist():
+        work[i], demand[i] = s.time_and_demand(i, dev[i], thr[i])
+    if noise is not None:
+        work *= np.asarray(noise, np.float64)
+    # transfer seconds of the edges between two devices (the others are never read)
+    xt = np.zeros(len(a.pidx))
+    if s.n_dev > 1 and len(xt):
+        transfer, pb, pi, pc = s.transfer, a.pbytes, a.pidx_list, a.pcons_list
+        for e in np.flatnonzero(dv[a.pidx] != dv[a.pcons]).tolist():
+            xt[e] = transfer(pb[e], dev[pi[e]], dev[pc[e]])
+    pending = a.indeg.copy()
+    eptr, eidx = a.zero_ptr, a.empty
+    if after is not None and any(after):  # holds: one more successor edge j -> i per op i waits for
+        preds = s.preds
+        extra: list[list[int]] = [[] for _ in range(n)]
         for i, deps in enumerate(after):
             for j in set(deps).difference(preds[i]):
-                if j == i:
-                    continue
-                succ[j].append(i)
-                pending[i] += 1
-    else:
-        succ = s.succs
-        pending = [len(p) for p in preds]
-    free = list(s.caps)
-    end_time = [0.0] * n
-    work = [0.0] * n
-    last = [0.0] * n
-    rate = [0.0] * n
-    ver = [0] * n
-    demand = [0.0] * n
-    computing: list[list[int]] = [[] for _ in range(n_dev)]
-    dirty: set[int] = set()
-    heap: list[tuple[float, int, int, int]] = []
-    push, pop = heapq.heappush, heapq.heappop
+                if j != i:
+                    extra[j].append(i)
+                    pending[i] += 1
+        eptr = np.zeros(n + 1, np.int64)
+        np.cumsum([len(x) for x in extra], out=eptr[1:])
+        eidx = np.array([i for x in extra for i in x], np.int64)
+    loop = _compiled() if jit else _loop
+    assert loop is not None, "fast_makespan(jit=True) needs numba (see available())"
+    now, left = loop(n, s.n_dev, a.pptr, a.pidx, xt, a.sptr, a.sidx, eptr, eidx, pending, dv, th,
+                     order.astype(np.int64), rank, work, demand, a.caps, a.bandwidth, a.gpu_occ, a.occ)
+    if left:
+        raise ExecutionError(f"simulation stalled at t={float(now):.6g}s: nothing is running and "
+                             f"{int(left)} op(s) are not done")
+    return float(now)
+
+
+def _loop(n: int, n_dev: int, pptr: np.ndarray, pidx: np.ndarray, xt: np.ndarray, sptr: np.ndarray,
+          sidx: np.ndarray, eptr: np.ndarray, eidx: np.ndarray, pending: np.ndarray, dev: np.ndarray,
+          thr: np.ndarray, order: np.ndarray, rank: np.ndarray, work: np.ndarray, demand: np.ndarray,
+          caps: np.ndarray, bandwidth: np.ndarray, gpu_occ: np.ndarray, occ: np.ndarray) -> tuple[float, int]:
+    """The dispatch and event loop (numba-compilable: arrays, scalars and one
+    heap).  Returns (makespan, 0), or (the time, ops not done) where the run
+    stalls.  ``pending`` and ``work`` are consumed.  Mirrors, step by step,
+    ``engine.sim._dispatch``, ``SimState.start_unchecked``, ``_begin``,
+    ``advance``, ``_flush`` and ``_complete``; keep them in step (the
+    bit-for-bit test fails on any drift)."""
+    free = caps.copy()
+    end_time = np.zeros(n)
+    last = np.zeros(n)
+    rate = np.zeros(n)
+    ver = np.zeros(n, np.int64)
+    queue = np.empty((n_dev, n), np.int64)  # per device: ranks of the ready ops, ascending
+    qlen = np.zeros(n_dev, np.int64)
+    computing = np.empty((n_dev, n), np.int64)  # per device: its computing ops, in the order they began
+    clen = np.zeros(n_dev, np.int64)
+    dirty = np.zeros(n_dev, np.bool_)
+    n_dirty = 0
+    rates = np.empty(n)
+    newly = np.empty(n, np.int64)
+    n_new = 0
+    for i in range(n):
+        if pending[i] == 0:
+            newly[n_new] = i
+            n_new += 1
+    heap: list[Any] = [(0.0, 0, 0, 0)]  # (time, push sequence, op, version; -1: the op's inputs arrive)
+    heap.pop()
     seq = 0
     now = 0.0
     n_done = 0
-    queues: list[list[int]] = [[] for _ in range(n_dev)]
-    newly = [i for i in range(n) if pending[i] == 0]
-    devices = range(n_dev)
-
     while True:
         # ---- dispatch (engine.sim._dispatch): ready ops by rank, per device
-        if newly:
-            for i in newly:
-                insort(queues[dev[i]], rank[i])
-            newly = []
-        for d in devices:
-            q = queues[d]
-            if not q:
-                continue
+        for a in range(n_new):
+            i = newly[a]
+            d = dev[i]
+            r = rank[i]
+            pos = qlen[d]
+            while pos > 0 and queue[d, pos - 1] > r:
+                queue[d, pos] = queue[d, pos - 1]
+                pos -= 1
+            queue[d, pos] = r
+            qlen[d] += 1
+        n_new = 0
+        for d in range(n_dev):
+            q_n = qlen[d]
             f = free[d]
             j = 0
-            while f > 0 and j < len(q):
-                i = order[q[j]]
+            while f > 0 and j < q_n:
+                i = order[queue[d, j]]
                 k = thr[i]
                 if k > f:
                     j += 1
                     continue
-                del q[j]
+                for m in range(j, q_n - 1):
+                    queue[d, m] = queue[d, m + 1]
+                q_n -= 1
                 f -= k
                 # ---- SimState.start_unchecked
                 free[d] -= k
                 arrive = now
-                for p in preds[i]:
-                    dp = dev[p]
-                    if dp != d:
-                        t = end_time[p] + transfer(edge_bytes[(p, i)], dp, d)
+                for e in range(pptr[i], pptr[i + 1]):
+                    p = pidx[e]
+                    if dev[p] != d:
+                        t = end_time[p] + xt[e]
                         if t > arrive:
                             arrive = t
-                lv = level_index[d].get(k)
-                if lv is not None:
-                    t_alone, dm = times[i][d][lv], demands[i][d][lv]
-                else:
-                    t_alone, dm = s.time_and_demand(i, d, k)
-                if noise is not None:
-                    t_alone *= noise[i]
-                work[i] = t_alone
-                demand[i] = dm
                 if arrive > now:
                     seq += 1
-                    push(heap, (arrive, seq, i, -1))
+                    heapq.heappush(heap, (arrive, seq, i, -1))
                 else:  # SimState._begin
                     last[i] = now
                     rate[i] = 0.0
-                    computing[d].append(i)
-                    dirty.add(d)
+                    computing[d, clen[d]] = i
+                    clen[d] += 1
+                    if not dirty[d]:
+                        dirty[d] = True
+                        n_dirty += 1
+            qlen[d] = q_n
         if n_done == n:
-            return now
+            return now, 0
         # ---- SimState.advance: flush, then complete every op ending at the next event time
         completed = False
         while True:
-            if dirty:  # ---- SimState._flush (rates of the devices whose co-runners changed)
-                for d in sorted(dirty) if len(dirty) > 1 else dirty:
-                    ops = computing[d]
-                    if not ops:
+            if n_dirty:  # ---- SimState._flush (rates of the devices whose co-runners changed), devices ascending
+                for d in range(n_dev):
+                    if not dirty[d]:
+                        continue
+                    c = clen[d]
+                    if c == 0:
                         continue
                     bw = bandwidth[d]
-                    if len(ops) == 1:
-                        dem = None
-                        tot = 0.0
-                    else:
-                        dem = list(map(demand.__getitem__, ops))
-                        tot = sum(dem)  # the general loop's sum, in the same order
-                    if dem is None or tot <= bw:
-                        if not (occ is not None and gpus[d]):
-                            for i in ops:
+                    tot = 0.0
+                    if c > 1:
+                        for m in range(c):
+                            tot += demand[computing[d, m]]  # the general loop's sum, in the same order
+                    if c == 1 or tot <= bw:
+                        if not gpu_occ[d]:
+                            for m in range(c):
+                                i = computing[d, m]
                                 if rate[i] != 1.0:
                                     w = work[i] - (now - last[i]) * rate[i]
                                     if w < 0.0:
@@ -169,20 +282,32 @@ def fast_makespan(s: Any, dev: list[int], thr: list[int], order: list[int], rank
                                     work[i] = w
                                     last[i] = now
                                     rate[i] = 1.0
-                                    v = ver[i] + 1
-                                    ver[i] = v
+                                    ver[i] += 1
                                     seq += 1
-                                    push(heap, (now + w, seq, i, v))
+                                    heapq.heappush(heap, (now + w, seq, i, ver[i]))
                             continue
-                        rates: Sequence[float] = (1.0,) * len(ops)
+                        for m in range(c):
+                            rates[m] = 1.0
+                    elif tot <= 0:  # corun_rates
+                        for m in range(c):
+                            rates[m] = 1.0
                     else:
-                        rates = corun_rates(dem, tot, bw)
-                    if occ is not None and gpus[d]:
-                        share = sum(occ[i][d] for i in ops)
+                        over = tot / bw - 1.0
+                        for m in range(c):
+                            x = demand[computing[d, m]]
+                            rates[m] = 1.0 / (1.0 + (x / bw if x < bw else 1.0) * over) if x > 0 else 1.0
+                    if gpu_occ[d]:
+                        share = 0.0
+                        for m in range(c):
+                            share += occ[computing[d, m], d]
                         if share > 1.0:
                             cap = 1.0 / share
-                            rates = [r if r < cap else cap for r in rates]
-                    for i, r in zip(ops, rates, strict=True):
+                            for m in range(c):
+                                if not rates[m] < cap:
+                                    rates[m] = cap
+                    for m in range(c):
+                        i = computing[d, m]
+                        r = rates[m]
                         r0 = rate[i]
                         if r != r0:
                             w = work[i] - (now - last[i]) * r0
@@ -191,46 +316,109 @@ def fast_makespan(s: Any, dev: list[int], thr: list[int], order: list[int], rank
                             work[i] = w
                             last[i] = now
                             rate[i] = r
-                            v = ver[i] + 1
-                            ver[i] = v
+                            ver[i] += 1
                             seq += 1
-                            push(heap, (now + w / r, seq, i, v))
-                dirty.clear()
-            while heap:
-                top = heap[0]
-                v = top[3]
-                if v < 0 or v == ver[top[2]]:
+                            heapq.heappush(heap, (now + w / r, seq, i, ver[i]))
+                for d in range(n_dev):
+                    dirty[d] = False
+                n_dirty = 0
+            while len(heap) > 0:
+                v = heap[0][3]
+                if v < 0 or v == ver[heap[0][2]]:
                     break
-                pop(heap)  # a finish time superseded by a rate change
-            if not heap:
+                heapq.heappop(heap)  # a finish time superseded by a rate change
+            if len(heap) == 0:
                 if completed:
                     break
-                raise ExecutionError(f"simulation stalled at t={now:.6g}s: nothing is running and "
-                                     f"{n - n_done} op(s) are not done")
+                return now, n - n_done
             t = heap[0][0]
             if completed and t > now:
                 break
             if t > now:
                 now = t
-            while heap and heap[0][0] <= t:
-                _, _, i, v = pop(heap)
+            while len(heap) > 0 and heap[0][0] <= t:
+                item = heapq.heappop(heap)
+                i = item[2]
+                v = item[3]
                 d = dev[i]
                 if v == -1:  # SimState._begin: the op's inputs arrived
                     last[i] = now
                     rate[i] = 0.0
-                    computing[d].append(i)
-                    dirty.add(d)
+                    computing[d, clen[d]] = i
+                    clen[d] += 1
+                    if not dirty[d]:
+                        dirty[d] = True
+                        n_dirty += 1
                 elif v == ver[i]:  # SimState._complete
                     end_time[i] = now
                     n_done += 1
                     free[d] += thr[i]
-                    computing[d].remove(i)
-                    dirty.add(d)
-                    for j in succ[i]:
+                    c = clen[d]
+                    m = 0
+                    while computing[d, m] != i:
+                        m += 1
+                    for m2 in range(m, c - 1):
+                        computing[d, m2] = computing[d, m2 + 1]
+                    clen[d] = c - 1
+                    if not dirty[d]:
+                        dirty[d] = True
+                        n_dirty += 1
+                    for e in range(sptr[i], sptr[i + 1]):
+                        j = sidx[e]
                         pending[j] -= 1
                         if pending[j] == 0:
-                            newly.append(j)
+                            newly[n_new] = j
+                            n_new += 1
+                    for e in range(eptr[i], eptr[i + 1]):
+                        j = eidx[e]
+                        pending[j] -= 1
+                        if pending[j] == 0:
+                            newly[n_new] = j
+                            n_new += 1
                     completed = True
 
 
-__all__ = ["corun_rates", "fast_makespan", "supports"]
+_COMPILED: Callable[..., tuple[float, int]] | None = None
+_TRIED = False
+
+
+def available() -> bool:
+    """Whether the compiled loop is there (numba installed, ``OPSCHED_NO_JIT`` unset);
+    compiles it (or loads it from the cache) on the first call."""
+    return _compiled() is not None
+
+
+def _compiled() -> Callable[..., tuple[float, int]] | None:
+    """:func:`_loop` compiled by numba (once per process, cached on disk under
+    ``<opsched cache>/numba``), None without numba or with ``OPSCHED_NO_JIT`` set."""
+    global _COMPILED, _TRIED
+    if not _TRIED:
+        _TRIED = True
+        _COMPILED = _compile(_loop)
+    return _COMPILED
+
+
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    if os.environ.get(NO_JIT_ENV, "") not in ("", "0"):
+        return None
+    try:
+        import numba
+        from numba.core import config
+    except ImportError:
+        return None
+    from opsched.cache import root
+
+    # numba picks a function's cache folder when caching is enabled (at decoration): point it at
+    # opsched's cache for this function only, then put numba's setting back for everyone else's code
+    saved = getattr(config, "CACHE_DIR", "")
+    try:
+        if not saved:
+            setattr(config, "CACHE_DIR", str(root() / "numba"))  # noqa: B010 - not a declared attribute
+        return numba.njit(cache=True, nogil=True)(fn)
+    except (OSError, RuntimeError):  # no writable cache folder: compile per process
+        return numba.njit(nogil=True)(fn)
+    finally:
+        setattr(config, "CACHE_DIR", saved)  # noqa: B010
+
+
+__all__ = ["NO_JIT_ENV", "available", "corun_rates", "fast_makespan", "supports"]

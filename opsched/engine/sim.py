@@ -95,12 +95,14 @@ Python lists and a heap (numpy scalar access costs more than list indexing at
 this granularity), and nothing in it scans the whole graph.  Planners and
 local search, which read nothing of a replay but its makespan, call
 :func:`replay_makespan`: where the run has nothing but the analytic law to
-price (no runtime model, no busy cores) it takes the fused loop of
-:mod:`opsched.engine.fast_replay`, the same event loop with every method
-inlined and no trace, memory or core bookkeeping, whose makespan is this
-loop's bit for bit (0.63-0.66x the planning time of 25-40-op graphs, whose
-default search is mostly replays; 0.90-0.97x on 200-op graphs;
-``python bench/replay_speed.py``, docs/bench/replay_speed.md).
+price (no runtime model, no busy cores) it takes the loop of
+:mod:`opsched.engine.fast_replay`, the same event loop over arrays with no
+trace, memory or core bookkeeping, compiled by numba, whose makespan is this
+loop's bit for bit (a 200-op replay in 80-150 us instead of 1.5-1.8 ms;
+planning 0.42-0.55x as long on 25-40-op graphs, whose default search is
+mostly replays, and 0.73-0.86x on 200-op graphs; ``python
+bench/replay_speed.py``, docs/bench/replay_speed.md).  Without numba it
+takes this loop.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ from typing import Any
 import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
+from opsched.engine.fast_replay import available as fast_available
 from opsched.engine.fast_replay import corun_rates, fast_makespan
 from opsched.engine.fast_replay import supports as supports_fast
 from opsched.engine.models.analytic import AnalyticModel
@@ -871,13 +874,12 @@ def _order(n: int, prio: Sequence[float]) -> tuple[list[int], list[int]]:
 def replay_makespan(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[float],
                     after: list[tuple[int, ...]] | None, noise: Sequence[float] | None = None) -> float:
     """The makespan of :func:`replay_lists` (the same float), without the state:
-    by :func:`opsched.engine.fast_replay.fast_makespan`'s fused loop where it
+    by :func:`opsched.engine.fast_replay.fast_makespan`'s compiled loop where it
     prices the run (no runtime model, the analytic interference law, no busy
-    cores), by the general replay elsewhere.  What planners and local search
+    cores) and numba is there, by the general replay elsewhere.  What planners and local search
     call, since they read nothing but the makespan."""
-    if supports_fast(s):
-        order, rank = _order(s.n, prio)
-        return fast_makespan(s, dev, thr, order, rank, after, noise)
+    if supports_fast(s) and fast_available():
+        return fast_makespan(s, dev, thr, prio, after, noise)
     return float(replay_lists(s, dev, thr, prio, after, noise)[0].now)
 
 
