@@ -105,7 +105,6 @@ class _Arrays:
         self.occ = (np.array(s.occupancy, np.float64).reshape(n, n_dev) if s.occupancy is not None
                     else np.zeros((n, n_dev), np.float64))
         self.empty = np.zeros(0, np.int64)
-        self.zero_ptr = np.zeros(n + 1, np.int64)
 
 
 def _static_arrays(s: Any) -> _Arrays:
@@ -151,21 +150,21 @@ def fast_makespan(s: Any, dev: list[int], thr: list[int], prio: Sequence[float],
         for e in np.flatnonzero(dv[a.pidx] != dv[a.pcons]).tolist():
             xt[e] = transfer(pb[e], dev[pi[e]], dev[pc[e]])
     pending = a.indeg.copy()
-    eptr, eidx = a.zero_ptr, a.empty
+    sptr, sidx = a.sptr, a.sidx
     if after is not None and any(after):  # holds: one more successor edge j -> i per op i waits for
         preds = s.preds
-        extra: list[list[int]] = [[] for _ in range(n)]
+        succ = [list(x) for x in s.succs]  # the order within a list is free: ready ops queue by rank
         for i, deps in enumerate(after):
             for j in set(deps).difference(preds[i]):
                 if j != i:
-                    extra[j].append(i)
+                    succ[j].append(i)
                     pending[i] += 1
-        eptr = np.zeros(n + 1, np.int64)
-        np.cumsum([len(x) for x in extra], out=eptr[1:])
-        eidx = np.array([i for x in extra for i in x], np.int64)
+        sptr = np.zeros(n + 1, np.int64)
+        np.cumsum([len(x) for x in succ], out=sptr[1:])
+        sidx = np.array([i for x in succ for i in x], np.int64)
     loop = _compiled() if jit else _loop
     assert loop is not None, "fast_makespan(jit=True) needs numba (see available())"
-    now, left = loop(n, s.n_dev, a.pptr, a.pidx, xt, a.sptr, a.sidx, eptr, eidx, pending, dv, th,
+    now, left = loop(n, s.n_dev, a.pptr, a.pidx, xt, sptr, sidx, pending, dv, th,
                      order.astype(np.int64), rank, work, demand, a.caps, a.bandwidth, a.gpu_occ, a.occ)
     if left:
         raise ExecutionError(f"simulation stalled at t={float(now):.6g}s: nothing is running and "
@@ -174,7 +173,7 @@ def fast_makespan(s: Any, dev: list[int], thr: list[int], prio: Sequence[float],
 
 
 def _loop(n: int, n_dev: int, pptr: np.ndarray, pidx: np.ndarray, xt: np.ndarray, sptr: np.ndarray,
-          sidx: np.ndarray, eptr: np.ndarray, eidx: np.ndarray, pending: np.ndarray, dev: np.ndarray,
+          sidx: np.ndarray, pending: np.ndarray, dev: np.ndarray,
           thr: np.ndarray, order: np.ndarray, rank: np.ndarray, work: np.ndarray, demand: np.ndarray,
           caps: np.ndarray, bandwidth: np.ndarray, gpu_occ: np.ndarray, occ: np.ndarray) -> tuple[float, int]:
     """The dispatch and event loop (numba-compilable: arrays, scalars and one
@@ -365,12 +364,6 @@ def _loop(n: int, n_dev: int, pptr: np.ndarray, pidx: np.ndarray, xt: np.ndarray
                         n_dirty += 1
                     for e in range(sptr[i], sptr[i + 1]):
                         j = sidx[e]
-                        pending[j] -= 1
-                        if pending[j] == 0:
-                            newly[n_new] = j
-                            n_new += 1
-                    for e in range(eptr[i], eptr[i + 1]):
-                        j = eidx[e]
                         pending[j] -= 1
                         if pending[j] == 0:
                             newly[n_new] = j
