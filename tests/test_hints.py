@@ -135,7 +135,7 @@ def test_the_hint_is_also_chosen_from_the_default_searchs_extra_heuristics():
     hint's plans hold it too (after the hint heuristics), so where it is the fastest
     the greedy decoding is hinted with it; ``budget=False`` leaves the hints alone."""
     from opsched.envs.schedule_env import ScheduleEnv
-    from opsched.policies.budget import LARGE_EXTRA, hint_extra
+    from opsched.policies.budget import COARSE_EXTRA, LARGE_EXTRA, hint_extra
     from opsched.policies.exported import decode, load, pretrained_path
     from opsched.policies.hints import episode_heuristics
 
@@ -153,10 +153,11 @@ def test_the_hint_is_also_chosen_from_the_default_searchs_extra_heuristics():
     np.testing.assert_array_equal(env._episode(g, env._machines[0]).node_static, data.node_static)
     alone = learned.plan(g, m, samples=0, candidates=(), refine=0)
     assert alone.meta["hint"] == "lp-rounding" and alone.assignments == decode(learned, data).assignments
-    # a graph the policy coarsens counts as the budget graph: LP rounding instead of local search without GPUs,
-    # nothing with them; a large one without GPUs: biCPA and LP rounding
+    # a graph the policy coarsens counts as the budget graph: LP rounding and biCPA instead of local search
+    # without GPUs, nothing with them; a large one without GPUs: biCPA and LP rounding
     big = load_graph("layered:150:2")
-    assert list(episode_heuristics(big, m, None, learned.hints, learned.max_nodes)) == [*learned.hints, "lp-rounding"]
+    assert COARSE_EXTRA == ("lp-rounding", "bicpa")
+    assert list(episode_heuristics(big, m, None, learned.hints, learned.max_nodes)) == [*learned.hints, *COARSE_EXTRA]
     gpus = get_machine("dgx1-4v100")
     assert list(episode_heuristics(big, gpus, None, learned.hints, learned.max_nodes)) == list(learned.hints)
     assert hint_extra(300, learned.max_nodes, False) == LARGE_EXTRA and hint_extra(300, learned.max_nodes, True) == ()
@@ -205,26 +206,34 @@ def test_refining_a_plan_offers_it_followed_and_on_the_level_grid():
 
 
 def test_the_budgets_extra_plans_do_not_cut_the_hints_bounded_search_short(monkeypatch):
-    """On a coarsened CPU graph LP rounding's plan (a budget extra) is the fastest and projects to
-    itself; inside the bounded search it ended the search before TensorFlow's recommended
-    settings, whose projection onto the groups is far faster than either plan. Kept apart, the
-    extra is projected after the search and the better projection is the hint."""
+    """On a coarsened CPU graph LP rounding's plan (a budget extra) is faster than every hint
+    heuristic's and projects to itself; inside the bounded search it ended the search before
+    TensorFlow's recommended settings, whose projection onto the groups is far faster than either
+    plan. Kept apart, the extra is projected after the search and the better projection is the
+    hint. biCPA's plan (the other extra) is faster still and projects to itself: with it, it is
+    the hint whichever way the extras are searched."""
     from opsched.policies import hints
+    from opsched.policies.budget import COARSE_EXTRA
     from opsched.policies.exported import load, pretrained_path
 
     learned = load(pretrained_path())
     g, m = load_graph("layered:200:901"), get_machine("xeon-8180-2s")
     plans = episode_heuristics(g, m, None, learned.hints, learned.max_nodes)
-    assert plans.extra == ("lp-rounding",)
-    assert min(plans, key=lambda k: plans[k][1]) == "lp-rounding"  # the fastest plan of all
+    assert plans.extra == COARSE_EXTRA == ("lp-rounding", "bicpa")
     data = prepare_episode(g, m, None, learned.max_nodes, learned.max_edges)
 
     def projected(name):
         follow = follow_of(data, plans[name][0], name)
         return Simulator(m).makespan(g, to_plan(data, follow.slots, name, follow=follow))
 
-    name, _ = slot_hint(data, plans)
+    lp_only = hints.HintPlans({k: v for k, v in plans.items() if k != "bicpa"})
+    lp_only.extra = ("lp-rounding",)
+    assert min(lp_only, key=lambda k: lp_only[k][1]) == "lp-rounding"  # the fastest plan of them
+    name, _ = slot_hint(data, lp_only)
     assert name != "lp-rounding" and projected(name) < projected("lp-rounding") * 0.9
-    assert slot_hint(data, dict(plans))[0] == "lp-rounding"  # a plain dict names no extras to keep apart
+    assert slot_hint(data, dict(lp_only))[0] == "lp-rounding"  # a plain dict names no extras to keep apart
+    assert projected("bicpa") == plans["bicpa"][1] < projected(name)
+    assert slot_hint(data, plans)[0] == "bicpa"
     monkeypatch.setattr(hints, "EXTRAS_APART", False)
-    assert slot_hint(data, plans)[0] == "lp-rounding"
+    assert slot_hint(data, lp_only)[0] == "lp-rounding"
+    assert slot_hint(data, plans)[0] == "bicpa"
