@@ -27,8 +27,9 @@ the heuristics' cache cleared; the totals per size that result are in
 base 0.44-0.54 ms per op on CPU presets and 0.6-0.8 with GPUs, one step
 3-9 us per op (0.006-0.018 units), LP rounding 0.06-0.24 ms per op without
 GPUs and 1.0-2.2 with them.  Those were measured with the general replay;
-the fused makespan replay (:mod:`opsched.engine.fast_replay`) made small
-graphs' planning 0.63-0.66x as long with the same plans.  The costs are kept
+the compiled makespan replay (:mod:`opsched.engine.fast_replay`) makes small
+graphs' planning 0.44-0.54x as long with the same plans (200-op graphs'
+0.70-0.78x).  The costs are kept
 as measured, so a graph gets the same steps and the same plan as the
 figures below were measured with: a small graph now spends less than the
 budget, and re-measuring the costs (more steps for it) is a change to choose
@@ -86,7 +87,7 @@ search / greedy decoding, and CPU ms per plan:
   (before), 57 (LP rounding) and 67 (both), and the planning target's CPU
   cases 77-83 ms with both.
 
-In the hint, LP rounding's plan is kept out of
+In the hint, the extras' plans are kept out of
 :func:`opsched.policies.hints.slot_hint`'s bounded projection search and
 projected after it (:data:`opsched.policies.hints.EXTRAS_APART`): inside
 it, LP rounding's plan, often the fastest and projecting to itself, ended
@@ -186,9 +187,9 @@ def planned_size(n_ops: int, max_nodes: int, budget_ops: int) -> int:
 def hint_extra(n_ops: int, max_nodes: int, has_gpu: bool) -> tuple[str, ...]:
     """The heuristics the *default* search adds as candidates for a graph of ``n_ops`` ops
     (:func:`search_budget`'s ``extra`` at :data:`BUDGET_OPS`, :data:`FILL`, large baselines
-    on): LP rounding where it fits the spare budget or the graph is coarsened and at most
-    the budget graph's size, biCPA and LP rounding on a graph larger than the budget
-    graph; the last two without GPUs only.
+    on): LP rounding where it fits the spare budget, LP rounding and biCPA where the graph
+    is coarsened and at most the budget graph's size (:data:`COARSE_EXTRA`), biCPA and LP
+    rounding on a graph larger than the budget graph; the last two without GPUs only.
 
     A policy exported with ``hint_budget`` (:mod:`opsched.policies.exported`) adds them
     to its hint heuristics, in training and at plan time alike, so its greedy decoding

@@ -545,7 +545,7 @@ class ExportedPolicy(Policy):
         the budget graph spends a share ``fill`` of its spare planning time on
         more steps, and LP rounding joins the default candidates where it fits,
         and, with ``large_baselines``, biCPA and LP rounding on a graph larger
-        than the budget graph on a machine without GPUs:
+        than the budget graph or coarsened, on a machine without GPUs:
         :func:`opsched.policies.budget.search_budget`) and the fastest plan
         found is returned - its origin in ``plan.meta["chosen"]``, every
         candidate's makespan in ``plan.meta["candidates"]``, the heuristic
@@ -706,7 +706,8 @@ def _refine(data: Any, plan: Plan, source: str, budget: int, rng: np.random.Gene
 #: graph larger than that (a training step) on a machine without GPUs gets biCPA and LP
 #: rounding as candidates too, whatever they cost, so every baseline heuristic is one (the
 #: same benchmark, its 20 large-graph pairs without GPUs: 1.029 -> 0.999x the best
-#: heuristic, median planning 146 -> 320 ms; :mod:`opsched.policies.budget`).
+#: heuristic, median planning 146 -> 320 ms; :mod:`opsched.policies.budget`), and so does a
+#: coarsened graph of at most ``budget_ops`` ops, instead of its local search.
 DEFAULT_PLANNING: dict[str, Any] = {
     "samples": 0, "temperature": 1.0, "refine": 10, "prior_scale": 10.0, "budget_ops": BUDGET_OPS, "fill": FILL,
     "large_baselines": True,

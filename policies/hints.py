@@ -10,8 +10,9 @@ graph, not always the fastest plan).  The heuristics are those registered
 with the ``hint`` role (:func:`hint_names`; recorded in every exported
 ``policy.json``) and, for a policy exported with ``hint_budget`` (every one
 since issue 23's budget hint), those the default search adds for the graph
-anyway (:func:`episode_heuristics`): LP rounding on a small graph, biCPA and
-LP rounding on a large one without GPUs, where each is often the best plan
+anyway (:func:`episode_heuristics`): LP rounding on a small graph, LP
+rounding and biCPA on a coarsened one and biCPA and LP rounding on a large
+one without GPUs, where each is often the best plan
 and the greedy decoding, which keeps its hint, lost to them (up to 1.37x on
 the test split).  Computed once per (graph, machine, performance model) and
 cached: the environment, imitation and the exported scheduler ask for the

@@ -587,3 +587,22 @@ def test_replay_speed_compares_both_replays_on_the_same_plans_and_puts_the_gate_
     assert replay_speed.main(["--repeats", "1", "--cases", "1", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "replay_speed.json").read_text())["rows"][0]["graph"] == "layered:200:911"
     assert (tmp_path / "replay_speed.md").exists()
+
+
+def test_budget_costs_measures_each_part_per_op_and_writes_its_report(tmp_path: Path) -> None:
+    """``python -m opsched.benchmarks.budget_costs``: per case the base planning cost per op,
+    a local-search step's and LP rounding's and biCPA's in op units (positive where they ran),
+    the medians per machine kind, and the shipped constants beside them in the report."""
+    from opsched.benchmarks import budget_costs
+    from opsched.policies.budget import STEP_COST
+
+    res = budget_costs.run((25,), ("layered",), ("knl-68",), repeats=1)
+    (row,) = res["rows"]
+    assert row["ops"] == 25 and row["base_ms_per_op"] > 0 and row["step_us_per_op"] >= 0
+    assert row["lp-rounding_units"] > 0 and row["bicpa_units"] > 0
+    assert row["step_units"] == pytest.approx(row["step_us_per_op"] * 1e-3 / row["base_ms_per_op"])
+    assert set(res["kinds"]) == {"cpu-only"} and res["shipped"]["STEP_COST"] == STEP_COST
+    text = budget_costs.markdown(res)
+    assert "| layered:25 | knl-68 | 25 |" in text and f"a step {STEP_COST} units" in text
+    with pytest.raises(SystemExit):
+        budget_costs.main(["--repeats", "0", "--out", str(tmp_path)])
