@@ -16,24 +16,32 @@ make the plan depend on the load):
    (with GPUs: one LP per placement) the base cost per op, counted as 0.5 x and
    3 x) becomes a candidate when its cost fits in the spare budget;
 2. a share ``fill`` of what is left buys more local-search steps (each costs
-   about 0.015 x the base cost per op: one replay of the slot plan).
+   about 0.005 x the base cost per op with the compiled replay: one replay of
+   the slot plan).
 
 Costs are in *op units*: the base planning cost of one op (the default
 candidates plus the greedy decoding), so the rule does not depend on how fast
 the planning computer is.  Measured on the 2-core VM by timing each part
-alone (the three synthetic families at 25-200 ops on six machines, one core,
-the heuristics' cache cleared; the totals per size that result are in
-``python -m opsched.benchmarks.plan_budget``, docs/bench/plan_budget.md):
-base 0.44-0.54 ms per op on CPU presets and 0.6-0.8 with GPUs, one step
-3-9 us per op (0.006-0.018 units), LP rounding 0.06-0.24 ms per op without
-GPUs and 1.0-2.2 with them.  Those were measured with the general replay;
-the compiled makespan replay (:mod:`opsched.engine.fast_replay`) makes small
-graphs' planning 0.44-0.54x as long with the same plans (200-op graphs'
-0.70-0.78x).  The costs are kept
-as measured, so a graph gets the same steps and the same plan as the
-figures below were measured with: a small graph now spends less than the
-budget, and re-measuring the costs (more steps for it) is a change to choose
-on a selection set, not a side effect of a faster loop.  Graphs at or above ``budget_ops`` get exactly
+alone (the three synthetic families at 25-200 ops on four presets, one core,
+the heuristics' cache cleared; ``python -m opsched.benchmarks.budget_costs``,
+docs/bench/budget_costs.md; the totals per size that result are in
+``python -m opsched.benchmarks.plan_budget``, docs/bench/plan_budget.md).
+With the general replay: base 0.44-0.54 ms per op on CPU presets and 0.6-0.8
+with GPUs, one step 3-9 us per op (0.006-0.018 units; a step was counted as
+0.015), LP rounding 0.06-0.24 ms per op without GPUs and 1.0-2.2 with them.
+With the compiled makespan replay (:mod:`opsched.engine.fast_replay`) a step
+costs 0.2-2.8 us per op (median 1.6; 0.0004-0.0084 units over a base of
+0.23-0.56 ms per op), so :data:`STEP_COST` went from 0.015 to 0.005 (2.5 us
+at 0.5 ms per op, near the worst case as before): a 25-op graph gets about 3x
+the steps.  Chosen on the selection sets (``python -m
+opsched.benchmarks.plan_budget --fills 0.7,1 --seeds 3 --step-cost C
+--no-large``, three plan seeds, mean of the seeds' geometric means): at
+fill 0.7, validation 1.0009 -> 0.9892 (seed spread 0.9991-1.0020 ->
+0.9842-0.9954) and the hard training pairs 0.9854 -> 0.9688; planning a
+25-op graph 34 -> 65 ms (median case), every size below the 200-op graph's
+94-105 ms.  Fill 1 would gain another 0.4% (0.9856) but plans 25-op graphs
+in 87 ms, at the 200-op graph's time, so ``fill`` stays 0.7.
+Graphs at or above ``budget_ops`` get exactly
 ``refine`` steps and no extra candidate: the budget is theirs already.  So do
 graphs the policy coarsens (more ops than its ``max_nodes``, 128 for the
 shipped one; :meth:`opsched.policies.exported.ExportedPolicy.plan_candidates`
@@ -105,7 +113,7 @@ from dataclasses import dataclass
 #: Planning cost of LP rounding per op, in op units, on a machine without / with GPUs.
 LP_COST: dict[bool, float] = {False: 0.5, True: 3.0}
 #: Planning cost of one local-search step per op, in op units.
-STEP_COST = 0.015
+STEP_COST = 0.005
 #: No graph gets more local-search steps than this (a 5-op graph would otherwise get thousands).
 MAX_STEPS = 2000
 #: The default search's budget graph (``budget_ops``) and the share of spare planning time it

@@ -410,7 +410,33 @@ def test_plan_budget_writes_quality_steps_and_time_per_fill(tmp_path: Path, monk
     assert "| cpu-only | 1 |" in (tmp_path / "plan_budget.md").read_text()
 
 
-@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--fills", "0,x"], ["--fills", "1.5"]])
+def test_plan_budget_prices_a_step_at_the_cost_asked_and_puts_the_shipped_one_back(tmp_path: Path, monkeypatch) -> None:
+    """``--step-cost``: a candidate cost of a local-search step for one run (cheaper: more
+    steps on a small graph), recorded in the report beside the shipped one, which is
+    restored afterwards; ``--no-large`` plans no graph above the budget graph."""
+    import json
+
+    from opsched.benchmarks import plan_budget
+    from opsched.policies import budget
+
+    shipped = budget.STEP_COST
+    sets = {"validation": [("layered:30:3", "knl-68")]}
+    monkeypatch.setattr(plan_budget, "selection_pairs", lambda: sets)
+    monkeypatch.setattr(plan_budget, "large_pairs", lambda budget_ops: pytest.fail("--no-large planned a large graph"))
+    steps = {}
+    for cost in (shipped, shipped / 3):
+        out = tmp_path / str(cost)
+        argv = ["--quick", "--fills", "0.7", "--step-cost", str(cost), "--no-large", "--out", str(out)]
+        assert _main_unpinned(plan_budget.main, argv) == 0
+        res = json.loads((out / "plan_budget.json").read_text())
+        assert res["step_cost"] == cost and res["shipped_step_cost"] == shipped == budget.STEP_COST
+        assert res["large"] == {"rows": []} and "larger than the budget graph" not in (out / "plan_budget.md").read_text()
+        steps[cost] = res["quality"]["validation"]["0.7"]["steps"][0]
+    assert steps[shipped / 3] > steps[shipped]
+    assert f"(shipped: {shipped:g})" in (tmp_path / str(shipped / 3) / "plan_budget.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "0"], ["--fills", "0,x"], ["--fills", "1.5"], ["--step-cost", "0"]])
 def test_plan_budget_rejects_bad_seeds_and_fills(argv: list[str], tmp_path: Path) -> None:
     from opsched.benchmarks import plan_budget
 

@@ -160,10 +160,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="plan seeds per fill and pair for the quality figures "
                                                          "(more than 1: each seed's gmean and their spread, the "
                                                          "noise a choice on these pairs has to beat)")
+    ap.add_argument("--step-cost", type=float, default=None,
+                    help="a local-search step's cost in op units for this run (default: the shipped "
+                         "opsched.policies.budget.STEP_COST; a candidate value to choose on the selection sets)")
+    ap.add_argument("--no-large", action="store_true", help="leave out the graphs larger than the budget graph "
+                                                            "(their search does not depend on fill or step cost)")
     ap.add_argument("--out", default=str(H.DEFAULT_OUT), help="output folder")
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.step_cost is not None and not args.step_cost > 0:
+        ap.error(f"--step-cost must be positive, got {args.step_cost}")
     try:
         chosen_fills = tuple(float(x) for x in args.fills.split(",")) if args.fills else None
     except ValueError:
@@ -174,19 +181,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = tuple(range(args.seeds))
     sizes = (25, 200) if args.quick else SIZES
     repeats = 2 if args.quick else args.repeats
+    import opsched.policies.budget as budget
+
+    shipped_step_cost = budget.STEP_COST
+    if args.step_cost is not None:
+        budget.STEP_COST = args.step_cost  # read by search_budget at every plan
+    step_cost = budget.STEP_COST
     pinned = H.pin_one_core()
     folder = Path(args.policy) if args.policy else pretrained_path()
     policy = load(folder)
     sets = {k: (v[:4] if args.quick else v) for k, v in selection_pairs().items()}
     load0 = host_record()["loadavg"]
-    with _one_blas_thread():
-        q = {name: quality(policy, fills, pairs, seeds) for name, pairs in sets.items()}
-        t = planning_ms(policy, fills, sizes, repeats, TIME_FAMILIES[:1] if args.quick else TIME_FAMILIES)
-        large_set = large_pairs(int(policy.planning()["budget_ops"]))
-        large = large_quality(policy, large_set[::15] if args.quick else large_set)
+    try:
+        with _one_blas_thread():
+            q = {name: quality(policy, fills, pairs, seeds) for name, pairs in sets.items()}
+            t = planning_ms(policy, fills, sizes, repeats, TIME_FAMILIES[:1] if args.quick else TIME_FAMILIES)
+            large: dict[str, Any] = {"rows": []}
+            if not args.no_large:
+                large_set = large_pairs(int(policy.planning()["budget_ops"]))
+                large = large_quality(policy, large_set[::15] if args.quick else large_set)
+    finally:
+        budget.STEP_COST = shipped_step_cost
     default = policy.planning()
     result = {"benchmark": "plan_budget", "policy": str(folder), "pinning": pinned, "host": host_record(),
-              "load_before": load0, "repeats": repeats, "default_fill": default["fill"],
+              "load_before": load0, "repeats": repeats, "default_fill": default["fill"], "step_cost": step_cost,
+              "shipped_step_cost": shipped_step_cost,
               "budget_ops": default["budget_ops"], "refine": default["refine"],
               "sets": {k: len(v) for k, v in sets.items()}, "seeds": list(seeds), "quality": q, "planning_ms": t,
               "large": large, "default_large_baselines": default["large_baselines"]}
@@ -198,7 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              + f"; planning time: median CPU ms per size over {len(t[str(fills[0])][str(sizes[0])]['cases'])} cases "
              f"({pinned}, BLAS 1 thread, heuristics' cache cleared, {repeats} plans each). Load average before / "
              f"after: {', '.join(f'{x:.1f}' for x in load0 or ())} / "
-             f"{', '.join(f'{x:.1f}' for x in result['host']['loadavg'] or ())}. Default fill: {default['fill']:g}.", "",
+             f"{', '.join(f'{x:.1f}' for x in result['host']['loadavg'] or ())}. Default fill: {default['fill']:g}. "
+             f"A local-search step counted as {step_cost:g} op units"
+             + ("" if step_cost == shipped_step_cost else f" (shipped: {shipped_step_cost:g})") + ".", "",
              "| fill | " + " | ".join(f"{k}: gmean | worst | median steps" for k in set_names) + " | "
              + " | ".join(f"{n} ops: ms (worst)" for n in sizes) + " |",
              "|---:|" + "---:|---:|---:|" * len(set_names) + "---:|" * len(sizes)]
@@ -224,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 g = q[k][str(f)]["seed_gmeans"]
                 cells += [f"{statistics.fmean(g):.4f}", f"{min(g):.4f}", f"{max(g):.4f}"]
             lines.append(f"| {f:g} | " + " | ".join(cells) + " |")
-    lines += ["",
+    lines += [] if args.no_large else ["",
               f"## Graphs larger than the budget graph (`large_baselines`, default {default['large_baselines']})", "",
               f"{len(large['rows'])} pairs: graphs of more than {default['budget_ops']} ops of the training and "
               "validation splits on the validation machines; makespan over the best baseline heuristic's, CPU ms "
@@ -233,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "| machines | pairs | without: gmean | worst | median ms | worst ms | with: gmean | worst | "
               "median ms | worst ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind in ("cpu-only", "with GPUs", "all"):
-        if kind in large:
+        if kind in large and not args.no_large:
             a, b = large[kind]["False"], large[kind]["True"]
             lines.append(f"| {kind} | {a['pairs']} | {a['gmean']:.4f} | {a['worst']:.3f} | {a['median_ms']:.0f} | "
                          f"{a['worst_ms']:.0f} | {b['gmean']:.4f} | {b['worst']:.3f} | {b['median_ms']:.0f} | "
@@ -241,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines += ["",
               "Command: `python -m opsched.benchmarks.plan_budget" + (" --quick" if args.quick else "")
               + (f" --fills {args.fills}" if args.fills else "") + (f" --seeds {args.seeds}" if args.seeds > 1 else "")
-              + "`", ""]
+              + (f" --step-cost {args.step_cost:g}" if args.step_cost is not None else "")
+              + (" --no-large" if args.no_large else "") + "`", ""]
     H.save_result(Path(args.out), "plan_budget", result, "\n".join(lines))
     print("\n".join(lines))
     return 0
