@@ -23,6 +23,7 @@ measures, per ``fill``:
     python -m opsched.benchmarks.plan_budget          # -> runs/bench/plan_budget.{json,md}
     python -m opsched.benchmarks.plan_budget --quick  # 2 fills, few pairs, 2 sizes
     python -m opsched.benchmarks.plan_budget --fills 0,0.7,1 --seeds 3  # and the plan seeds' spread
+    python -m opsched.benchmarks.plan_budget --step-cost 0.005 --no-large  # a candidate step cost
 """
 
 from __future__ import annotations
@@ -184,15 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import opsched.policies.budget as budget
 
     shipped_step_cost = budget.STEP_COST
-    if args.step_cost is not None:
-        budget.STEP_COST = args.step_cost  # read by search_budget at every plan
-    step_cost = budget.STEP_COST
+    step_cost = shipped_step_cost if args.step_cost is None else args.step_cost
     pinned = H.pin_one_core()
     folder = Path(args.policy) if args.policy else pretrained_path()
     policy = load(folder)
     sets = {k: (v[:4] if args.quick else v) for k, v in selection_pairs().items()}
     load0 = host_record()["loadavg"]
     try:
+        budget.STEP_COST = step_cost  # read by search_budget at every plan; put back below
         with _one_blas_thread():
             q = {name: quality(policy, fills, pairs, seeds) for name, pairs in sets.items()}
             t = planning_ms(policy, fills, sizes, repeats, TIME_FAMILIES[:1] if args.quick else TIME_FAMILIES)
