@@ -30,8 +30,8 @@ With the general replay: base 0.44-0.54 ms per op on CPU presets and 0.6-0.8
 with GPUs, one step 3-9 us per op (0.006-0.018 units; a step was counted as
 0.015), LP rounding 0.06-0.24 ms per op without GPUs and 1.0-2.2 with them.
 With the compiled makespan replay (:mod:`opsched.engine.fast_replay`) a step
-costs 0.2-2.8 us per op (median 1.6; 0.0004-0.0084 units over a base of
-0.23-0.56 ms per op), so :data:`STEP_COST` went from 0.015 to 0.005 (2.5 us
+costs 0.5-3.2 us per op (median 1.5-1.7; 0.0007-0.0074 units over a base of
+0.25-0.89 ms per op), so :data:`STEP_COST` went from 0.015 to 0.005 (2.5 us
 at 0.5 ms per op, near the worst case as before): a 25-op graph gets about 3x
 the steps.  Chosen on the selection sets (``python -m
 opsched.benchmarks.plan_budget --fills 0.7,1 --seeds 3 --step-cost C

@@ -12,7 +12,7 @@ cheaper than the base).
 
 Per case (the three synthetic families at 25-200 ops on the planning
 benchmarks' four presets, one core, BLAS on one thread, the heuristics' cache
-cleared before every plan; median CPU time over ``repeats`` plans):
+cleared and the graph copied before every plan; median CPU time over ``repeats`` plans):
 
 * **base**: the default search with no local search and no extra candidate
   (``refine=0, fill=0, large_baselines=False``), per op; the hint's plans are
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,19 +44,13 @@ SIZES: tuple[int, ...] = (25, 50, 100, 150, 200)
 STEPS = 200
 
 
-def _cpu_ms(fn: Callable[[], Any], repeats: int) -> float:
-    """Median CPU ms of ``fn`` over ``repeats`` calls, the heuristics' cache cleared before each, after a warm-up."""
-    from opsched.policies.hints import clear_cache
+def _cpu_ms(fn: Callable[[Any], Any], graph: Any, repeats: int) -> float:
+    """Median CPU ms of ``fn`` on fresh copies of ``graph``, the heuristics' cache cleared
+    before each, after a warm-up: :func:`opsched.benchmarks.plan_speed.clocked_plans`,
+    as the planning benchmarks time plans."""
+    from opsched.benchmarks.plan_speed import clocked_plans
 
-    clear_cache()
-    fn()
-    times = []
-    for _ in range(repeats):
-        clear_cache()
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(clocked_plans(fn, graph, repeats).cpu_s) * 1e3
 
 
 def case_costs(policy: Any, graph: Any, machine: Any, repeats: int, steps: int = STEPS) -> dict[str, float]:
@@ -65,13 +58,14 @@ def case_costs(policy: Any, graph: Any, machine: Any, repeats: int, steps: int =
     from opsched.policies.hints import heuristic_plans
 
     n = len(graph.ops)
-    base = _cpu_ms(lambda: policy.plan(graph, machine, refine=0, fill=0.0, large_baselines=False), repeats)
-    searched = _cpu_ms(lambda: policy.plan(graph, machine, refine=steps, fill=0.0, large_baselines=False), repeats)
+    base = _cpu_ms(lambda g: policy.plan(g, machine, refine=0, fill=0.0, large_baselines=False), graph, repeats)
+    searched = _cpu_ms(lambda g: policy.plan(g, machine, refine=steps, fill=0.0, large_baselines=False), graph,
+                       repeats)
     out = {"ops": n, "base_ms": base, "base_ms_per_op": base / n,
            "step_us_per_op": max(0.0, searched - base) * 1e3 / (steps * n)}
     out["step_units"] = out["step_us_per_op"] * 1e-3 / out["base_ms_per_op"]
     for name in ("lp-rounding", "bicpa"):
-        ms = _cpu_ms(lambda name=name: heuristic_plans(graph, machine, None, (name,)), repeats)
+        ms = _cpu_ms(lambda g, name=name: heuristic_plans(g, machine, None, (name,)), graph, repeats)
         out[f"{name}_ms"] = ms
         out[f"{name}_units"] = ms / n / out["base_ms_per_op"]
     return out
@@ -119,7 +113,7 @@ def markdown(res: dict[str, Any]) -> str:
     sh = res["shipped"]
     lines = ["# The planning budget's op-unit costs", "",
              f"`python -m opsched.benchmarks.budget_costs`: the shipped policy, one core ({res['pinned']}), BLAS 1 "
-             f"thread, the heuristics' cache cleared before each plan, median CPU time over {res['repeats']} plans; "
+             f"thread, the heuristics' cache cleared and the graph copied before each plan, median CPU time over {res['repeats']} plans; "
              f"load {res['load_start'][0]} -> {res['load_end'][0]}.  An op unit is the base planning cost of one op "
              f"(no local search, no extra candidate; the hint's plans included); a step's cost is from {res['steps']} steps.  Shipped "
              f"(`policies/budget.py`): a step {sh['STEP_COST']} units, LP rounding {sh['LP_COST']['False']} "

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "| machines | pairs | without: gmean | worst | median ms | worst ms | with: gmean | worst | "
               "median ms | worst ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind in ("cpu-only", "with GPUs", "all"):
-        if kind in large and not args.no_large:
+        if kind in large:
             a, b = large[kind]["False"], large[kind]["True"]
             lines.append(f"| {kind} | {a['pairs']} | {a['gmean']:.4f} | {a['worst']:.3f} | {a['median_ms']:.0f} | "
                          f"{a['worst_ms']:.0f} | {b['gmean']:.4f} | {b['worst']:.3f} | {b['median_ms']:.0f} | "
