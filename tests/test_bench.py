@@ -538,6 +538,39 @@ def test_rejected_variants_write_their_figures_and_put_the_planner_back(tmp_path
         pass
 
 
+def test_rejected_hint_order_follows_the_hint_order_and_puts_the_decoder_back(tmp_path: Path, monkeypatch) -> None:
+    """``--what hint-order``: the variant's decoding finishes every op and keeps hinted
+    decisions, it is the planner's decoder only while it runs (the shipped one is back
+    afterwards), and the figures land in both files."""
+    from opsched.benchmarks import rejected
+    from opsched.engine.observe import prepare_episode
+    from opsched.engine.slots import from_episode
+    from opsched.machine import get_machine
+    from opsched.policies import exported
+    from opsched.policies.hints import best_heuristic
+    from opsched.specs import load_graph
+
+    shipped = exported.decode_episode
+    policy = exported.load(exported.pretrained_path())
+    g, m = load_graph("layered:20:7"), get_machine("cpu:4:50:10000")
+    data = prepare_episode(g, m, None, policy.max_nodes, policy.max_edges, best_heuristic(g, m)[1])
+    ep, _, _ = rejected.hint_order_episode(policy.encoder, data, prior_scale=10.0)
+    sp, hint = from_episode(ep), data.hint_follow.slots
+    followed = [i for i in range(data.n) if (sp.device[i], sp.level[i]) == (hint.device[i], hint.level[i])]
+    assert ep.done and sorted(ep.order) == list(range(data.n)) and followed
+    with rejected.hint_order_variant(True):
+        assert exported.decode_episode is not shipped
+    assert exported.decode_episode is shipped
+    sets = {"validation": [("layered:30:3", "knl-68")], "train-coarse": []}
+    monkeypatch.setattr(rejected, "hint_order_pairs", lambda: sets)
+    assert rejected.main(["--what", "hint-order", "--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "rejected_hint-order.json").read_text())
+    assert [r["graph"] for r in res["rows"]] == ["layered:30:3"] and list(res["summary"]) == ["validation"]
+    assert all(r[t] > 0 for r in res["rows"] for t in ("shipped", "order"))
+    assert "| validation | 1 |" in (tmp_path / "rejected_hint-order.md").read_text()
+    assert exported.decode_episode is shipped
+
+
 def test_coarse_budget_compares_its_rules_and_puts_the_budget_back(tmp_path: Path, monkeypatch) -> None:
     """``bench/coarse_budget.py``: each rule is in force while it runs (LP rounding a candidate of a
     coarsened CPU graph or not, the steps it costs), the figures land in both files, and the
