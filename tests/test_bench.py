@@ -340,6 +340,34 @@ def test_hint_choice_writes_a_ratio_per_variant_and_pair(tmp_path: Path, monkeyp
         geomean(r["orig"] for r in res["rows"]))
 
 
+def test_greedy_order_writes_each_orders_ratio_and_puts_the_shipped_rule_back(tmp_path: Path, monkeypatch) -> None:
+    """The dispatch-order benchmark (issue 23, docs/learning.md): per pair, each order's
+    greedy makespan over the best baseline's; ``faster`` is never worse than the episode's
+    or the hint's order, and the shipped rule is in place afterwards."""
+    import json
+
+    from opsched.benchmarks import greedy_order, hint_choice
+    from opsched.engine import slots
+
+    pairs = [("train-coarse", "layered:200:901", "knl-68"), *hint_choice.pairs_of("val", None)[:1]]
+    monkeypatch.setattr(hint_choice, "pairs_of", lambda split, group, max_nodes=128: pairs)
+    shipped = slots.faster_order
+    assert greedy_order.main(["--split", "val", "--out", str(tmp_path)]) == 0
+    assert slots.faster_order is shipped
+    res = json.loads((tmp_path / "greedy_order_val.json").read_text())
+    assert (tmp_path / "greedy_order_val.md").read_text().startswith("# Greedy decoding's dispatch order")
+    assert len(res["rows"]) == 2 and res["summary"]["pairs"] == 2
+    for row in res["rows"]:
+        assert all(row[v] > 0.5 for v in greedy_order.VARIANTS)  # a ratio to the best baseline, not a time
+        assert row["faster"] <= min(row["episode"], row["hint"]) * (1 + 1e-9)
+    first = res["rows"][0]  # coarsened: the hint's order is the faster there (1.0105 -> 1.000)
+    assert first["order"] == "hint" and first["faster"] < first["episode"]
+    assert res["summary"]["faster"]["better"] >= 1 and res["summary"]["faster"]["worse"] == 0
+    with pytest.raises(ValueError, match="unknown variant"):
+        with greedy_order.order_variant("random"):
+            pass
+
+
 def test_hint_cost_times_both_hint_rules_and_restores_the_shipped_one(tmp_path: Path, monkeypatch) -> None:
     """``hint_choice --cost``: slot_hint's planning time against the fastest plan as the hint."""
     import json

@@ -237,3 +237,65 @@ def test_the_budgets_extra_plans_do_not_cut_the_hints_bounded_search_short(monke
     monkeypatch.setattr(hints, "EXTRAS_APART", False)
     assert slot_hint(data, lp_only)[0] == "lp-rounding"
     assert slot_hint(data, plans)[0] == "bicpa"
+
+
+def _decoded(gspec: str, mspec: str):
+    """The shipped policy's greedy episode of (gspec, mspec), hinted as the scheduler hints it."""
+    from opsched.policies.exported import decode_episode, load, pretrained_path
+    from opsched.policies.hints import attach_slot_hint
+
+    learned = load(pretrained_path())
+    g, m = load_graph(gspec), load_machine(mspec)
+    data = prepare_episode(g, m, None, learned.max_nodes, learned.max_edges)
+    attach_slot_hint(data, episode_heuristics(g, m, None, learned.hints, learned.max_nodes), None)
+    ep = decode_episode(learned.encoder, data, prior_scale=float(learned.planning()["prior_scale"]))[0]
+    return g, m, data, ep
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10_000))
+@example(seed=901).via("a coarsened graph where the hint's order is the faster (knl-68: 1.0105 -> 1.000)")
+def test_a_decoded_plan_dispatches_in_the_faster_of_the_episodes_and_the_hints_order(seed):
+    """episode_plan keeps the devices and thread counts of the followed expansion; its
+    priorities and holds are all the episode's or all the hint plan's, whichever the
+    simulator finds faster on the original graph (the episode's on ties), and it says which."""
+    from opsched.engine.slots import episode_plan, from_episode, in_hint_order
+
+    g, m, data, ep = _decoded(f"layered:200:{seed}", "knl-68")
+    assert not data.coarsening.identity
+    own = to_plan(data, from_episode(ep), "p", follow=data.hint_follow)
+    hinted = in_hint_order(own, data.hint_follow.plan)
+    out = episode_plan(data, ep, "p")
+    out.validate(g, m)
+    hinted.validate(g, m)
+    sim = Simulator(m)
+    spans = {"episode": sim.makespan(g, own), "hint": sim.makespan(g, hinted)}
+    for op in g.ops:
+        a, h = out[op.id], data.hint_follow.plan[op.id]
+        assert (a.device, a.threads) == (own[op.id].device, own[op.id].threads)
+        src = h if out.meta["order"] == "hint" else own[op.id]
+        assert (a.priority, a.after) == (src.priority, src.after)
+    assert sim.makespan(g, out) == min(spans.values())
+    if spans["hint"] < spans["episode"]:
+        assert out.meta["order"] == "hint"
+    elif out.assignments != hinted.assignments:
+        assert out.meta["order"] == "episode"
+    if seed == 901:
+        assert out.meta["order"] == "hint" and spans["hint"] < spans["episode"] * (1 - 1e-3)
+
+
+def test_a_plan_already_in_its_hints_order_keeps_it_without_a_replay(monkeypatch):
+    """faster_order replays nothing when the hint's order changes nothing (the hint itself)."""
+    from opsched.engine import sim as sim_module
+    from opsched.engine.slots import faster_order
+
+    g, m = load_graph("layered:30:2"), get_machine("knl-68")
+    data = prepare_episode(g, m, None, 128, 512)
+    plan = best_heuristic(g, m)[1]
+
+    def boom(*a, **k):
+        raise AssertionError("replayed")
+
+    monkeypatch.setattr(sim_module, "replay_plan_makespan", boom)
+    out = faster_order(data, plan, plan)
+    assert out.assignments == plan.assignments and out.meta["order"] == "episode"

@@ -238,10 +238,53 @@ def episode_plan(data: Any, ep: Any, policy: str, meta: dict[str, Any] | None = 
     """A finished episode's Plan for the original graph, following the hint's plan
     member by member where the episode took the hinted decision
     (``data.hint_follow``, :func:`to_plan`): what the exported scheduler plans and
-    training's validation scores.  Without a hint, the episode's own Plan."""
+    training's validation scores.  Without a hint, the episode's own Plan.
+
+    Its dispatch order is the faster, simulated on the original graph, of the
+    episode's and the hint plan's (:func:`in_hint_order`; ``meta["order"]``
+    says which, the episode's on ties).  On a coarsened graph the episode
+    dispatches whole groups, so even an episode that keeps the hinted decision
+    in every slot runs the members in the groups' order, not in the plan's
+    own, and can lose to the very plan it follows (zoo:nasnet@1 on 2x2080ti,
+    HEFT's plan followed in all 128 slots: 1.110x HEFT's makespan); on an
+    episode's own graph the policy's order sometimes beats the hint's
+    (erdos_renyi:150 on dgx1-4v100, 0.725x).  Chosen on the selection sets
+    (``python -m opsched.benchmarks.hint_choice --what order``,
+    docs/learning.md): validation 1.0109 -> 1.0109, the training split's
+    coarsened graphs 1.0128 -> 1.0090x the best heuristic."""
     if data.hint_follow is None:
         return ep.plan(policy, meta or {})
-    return to_plan(data, from_episode(ep), policy, meta, follow=data.hint_follow)
+    followed = to_plan(data, from_episode(ep), policy, meta, follow=data.hint_follow)
+    return faster_order(data, followed, data.hint_follow.plan)
+
+
+def in_hint_order(plan: Plan, hint: Plan) -> Plan:
+    """``plan``'s devices and thread counts with ``hint``'s priorities and holds
+    (both Plans for the same graph): the hint's dispatch order.  The holds of a
+    valid plan stay acyclic with the graph's edges whatever the devices, so the
+    result is a valid schedule too."""
+    asg = {op: Assignment(a.device, a.threads, hint[op].priority, hint[op].after)
+           for op, a in plan.assignments.items()}
+    return Plan(asg, plan.graph_fingerprint, plan.machine_fingerprint, plan.policy, {**plan.meta, "order": "hint"})
+
+
+def faster_order(data: Any, plan: Plan, hint: Plan) -> Plan:
+    """The faster on ``data``'s original graph, under its planning model, of ``plan`` in its own
+    dispatch order and in ``hint``'s (:func:`in_hint_order`); ties keep ``plan``'s order.
+    The result's ``meta["order"]`` is ``"episode"`` or ``"hint"``."""
+    from opsched.engine.sim import prepare, replay_plan_makespan
+
+    own = Plan(plan.assignments, plan.graph_fingerprint, plan.machine_fingerprint, plan.policy,
+               {**plan.meta, "order": "episode"})
+    reordered = in_hint_order(plan, hint)
+    if reordered.assignments == own.assignments:
+        return own
+    s = prepare(data.graph, data.machine, data.static.model)
+    try:
+        faster = replay_plan_makespan(s, reordered) < replay_plan_makespan(s, own)
+    except ExecutionError:  # a replay that stalls (it should not: the holds are a valid plan's)
+        faster = False
+    return reordered if faster else own
 
 
 def _follow(data: Any, sp: SlotPlan, follow: Follow, assignments: dict[str, Assignment]) -> int:
@@ -273,5 +316,5 @@ def best_of(data: Any, plans: Sequence[SlotPlan]) -> SlotPlan:
     return min(plans, key=lambda sp: sp.makespan)
 
 
-__all__ = ["Follow", "SlotPlan", "best_of", "episode_plan", "follow_of", "from_episode", "from_plan", "makespan",
-           "to_plan"]
+__all__ = ["Follow", "SlotPlan", "best_of", "episode_plan", "faster_order", "follow_of", "from_episode", "from_plan",
+           "in_hint_order", "makespan", "to_plan"]
