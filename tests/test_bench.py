@@ -693,3 +693,17 @@ def test_budget_costs_measures_each_part_per_op_and_writes_its_report(tmp_path: 
     assert "| layered:25 | knl-68 | 25 |" in text and f"a step {STEP_COST} units" in text
     with pytest.raises(SystemExit):
         budget_costs.main(["--repeats", "0", "--out", str(tmp_path)])
+
+
+def test_learned_counts_a_policy_win_only_where_its_plan_beats_every_heuristic() -> None:
+    """A greedy plan that only ties the best heuristic's (it followed its hint everywhere) is
+    no win in bench/learned.py's count; a refined plan that is faster is, a heuristic's is not."""
+    from opsched.benchmarks.learned import summarise
+
+    def row(chosen: str, span: float) -> dict:
+        return {"group": "cpu", "greedy_s": 1.0, "best_s": 1.0, "no_refine_s": 1.0, "greedy_hint_kept": (1, 1),
+                "k": {"0": {"makespan_s": span, "chosen": chosen, "plan_s": 0.01}}}
+
+    rows = [row("greedy", 1.0), row("refined(greedy)", 0.9), row("heuristic:heft", 1.0), row("sample-0", 0.99)]
+    s = summarise(rows, 0)
+    assert s["cpu"]["policy_chosen"] == s["all"]["policy_chosen"] == 2
