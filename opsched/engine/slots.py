@@ -249,8 +249,8 @@ def episode_plan(data: Any, ep: Any, policy: str, meta: dict[str, Any] | None = 
     HEFT's plan followed in all 128 slots: 1.110x HEFT's makespan); on an
     episode's own graph the policy's order sometimes beats the hint's
     (erdos_renyi:150 on dgx1-4v100, 0.725x).  Chosen on the selection sets
-    (``python -m opsched.benchmarks.hint_choice --what order``,
-    docs/learning.md): validation 1.0109 -> 1.0109, the training split's
+    (``python -m opsched.benchmarks.greedy_order --split
+    val|train-coarse``, docs/learning.md): validation 1.0109 -> 1.0109, the training split's
     coarsened graphs 1.0128 -> 1.0090x the best heuristic."""
     if data.hint_follow is None:
         return ep.plan(policy, meta or {})
