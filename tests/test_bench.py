@@ -707,3 +707,24 @@ def test_learned_counts_a_policy_win_only_where_its_plan_beats_every_heuristic()
     rows = [row("greedy", 1.0), row("refined(greedy)", 0.9), row("heuristic:heft", 1.0), row("sample-0", 0.99)]
     s = summarise(rows, 0)
     assert s["cpu"]["policy_chosen"] == s["all"]["policy_chosen"] == 2
+
+
+def test_budget_free_writes_both_variants_and_puts_the_shipped_budget_back(tmp_path: Path) -> None:
+    """``bench/budget_free.py``: per pair the search with and without biCPA as the free extra
+    (without it no plan has biCPA among its candidates), its files, and the shipped budget after."""
+    import json
+
+    from opsched.benchmarks import budget_free
+    from opsched.policies import budget
+
+    with budget_free.free_extra(False):
+        assert "bicpa" not in budget.search_budget(40, False, 10, 0.7, 200).extra
+    assert budget.BUDGET_FREE_EXTRA == "bicpa"
+    assert budget_free.main(["--quick", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    assert budget.BUDGET_FREE_EXTRA == "bicpa"
+    res = json.loads((tmp_path / "budget_free.json").read_text())
+    assert {r["set"] for r in res["rows"]} == {"validation", "hard (training pairs)", "training synthetic"}
+    for r in res["rows"]:
+        assert len(r["shipped_default"]) == len(r["without_default"]) == 1
+        assert r["shipped_bicpa"] == ("bicpa" in budget.search_budget(r["ops"], r["gpus"] > 0, 10, 0.7, 200).extra)
+    assert "| validation |" in (tmp_path / "budget_free.md").read_text()

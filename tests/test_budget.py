@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from opsched.backends.sim import SimBackend
 from opsched.machine import get_machine
 from opsched.policies import load
-from opsched.policies.budget import BUDGET_EXTRA, COARSE_STEPS, LARGE_EXTRA, LP_COST, MAX_STEPS, search_budget
+from opsched.policies.budget import (
+    BICPA_COST,
+    BUDGET_EXTRA,
+    BUDGET_FREE_EXTRA,
+    COARSE_STEPS,
+    LARGE_EXTRA,
+    LP_COST,
+    MAX_STEPS,
+    search_budget,
+)
 from opsched.policies.exported import pretrained_path
 from opsched.synthetic import generate
 
@@ -24,8 +33,11 @@ def test_the_budget_only_adds_and_only_below_the_budget_graph(n, gpu, refine, fi
         assert b.steps == 0  # refine 0 keeps local search off
     if n >= budget_ops or fill == 0.0:
         assert b.steps == refine and b.extra == ()
-    if b.extra:
-        assert b.extra == (BUDGET_EXTRA,) and LP_COST[gpu] * n <= budget_ops - n
+    assert b.extra in ((), (BUDGET_EXTRA,), (BUDGET_FREE_EXTRA,), (BUDGET_EXTRA, BUDGET_FREE_EXTRA))
+    lp = BUDGET_EXTRA in b.extra
+    assert lp == (0.0 < fill and LP_COST[gpu] * n <= budget_ops - n)
+    left = budget_ops - n - (LP_COST[gpu] * n if lp else 0.0)  # what LP rounding left
+    assert (BUDGET_FREE_EXTRA in b.extra) == (0.0 < fill and n < budget_ops and BICPA_COST * n <= left)
     bigger = search_budget(n + 1, gpu, refine, fill, budget_ops)
     if bigger.extra == b.extra:
         assert bigger.steps <= b.steps  # a bigger graph never gets more search
@@ -41,6 +53,25 @@ def test_large_baselines_adds_candidates_only_to_large_graphs_without_gpus(n, gp
         assert large.extra == LARGE_EXTRA and large.steps == refine  # no spare steps: only the candidates
     else:
         assert large == small  # a graph within the budget, or a machine with GPUs: the rule above alone
+
+
+def test_bicpa_joins_small_graphs_on_top_of_their_local_search_steps(monkeypatch):
+    """The free extra changes no graph's steps, only adds biCPA where its cost fits what LP
+    rounding left, and never to a graph at or above the budget graph's size."""
+    from opsched.policies import budget
+
+    shipped = {(n, gpu): search_budget(n, gpu, 10, 0.7, 200) for n in range(1, 260) for gpu in (False, True)}
+    monkeypatch.setattr(budget, "BUDGET_FREE_EXTRA", "")
+    for (n, gpu), b in shipped.items():
+        without = search_budget(n, gpu, 10, 0.7, 200)
+        assert b.steps == without.steps
+        assert b.extra in (without.extra, (*without.extra, "bicpa"))
+        # without GPUs LP rounding (0.5 units per op) fits up to 133 ops and leaves room for biCPA (0.2) up
+        # to 117; with them LP rounding (3) fits up to 50 and leaves room up to 47; alone, biCPA fits up to 166
+        fits = n <= 117 or 134 <= n <= 166 if not gpu else n <= 47 or 51 <= n <= 166
+        assert ("bicpa" in b.extra) == fits
+    assert "bicpa" in shipped[80, False].extra and "lp-rounding" in shipped[80, False].extra
+    assert shipped[120, False].extra == ("lp-rounding",)  # LP rounding leaves 20 op units, biCPA costs 24
 
 
 def test_bad_budget_input_is_refused():

@@ -15,7 +15,10 @@ selection sets only - graphs and machines the test split never holds:
   twice: at 0.5 units the default search got worse on every set (biCPA's cost
   comes out of the local search's steps); at 0.2, once biCPA was 3-11x
   faster, it still got worse on validation (1.0011 -> 1.0016) and tied the
-  hard families, docs/learning.md.
+  hard families, docs/learning.md.  (The shipped budget has since taken biCPA
+  where it fits *on top of* the steps, :data:`opsched.policies.budget.BUDGET_FREE_EXTRA`,
+  ``python -m opsched.benchmarks.budget_free``; against that, this variant
+  differs only in paying for it with steps.)
 * ``moves`` - the local search's moves on small graphs, against CP-SAT: the
   shipped first-improvement climb (``hill``); iterated local search with 2
   restarts of 4 random kicks where a graph gets at least 100 steps (``ils``);
