@@ -131,7 +131,8 @@ LARGE_EXTRA: tuple[str, ...] = ("bicpa", "lp-rounding")
 BICPA_COST = 0.2
 #: The heuristic a graph below the budget graph gets as a candidate where its cost
 #: (:data:`BICPA_COST` per op) fits the spare budget left after LP rounding, *without*
-#: taking it from the local-search steps (empty: none).  biCPA is the best baseline by
+#: taking it from the local-search steps (empty: none), at that cost with GPUs too (biCPA
+#: plans from HEFT's placement there; the cost figures below include the GPU pairs).  biCPA is the best baseline by
 #: 10-31% on graphs whose co-running ops fight over memory bandwidth, where no other
 #: candidate comes near; paid for with steps, as another spare-budget candidate, it lost
 #: validation 0.05% (``python -m opsched.benchmarks.rejected --what bicpa``).  On top of
