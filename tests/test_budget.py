@@ -36,8 +36,7 @@ def test_the_budget_only_adds_and_only_below_the_budget_graph(n, gpu, refine, fi
     assert b.extra in ((), (BUDGET_EXTRA,), (BUDGET_FREE_EXTRA,), (BUDGET_EXTRA, BUDGET_FREE_EXTRA))
     lp = BUDGET_EXTRA in b.extra
     assert lp == (0.0 < fill and LP_COST[gpu] * n <= budget_ops - n)
-    left = budget_ops - n - (LP_COST[gpu] * n if lp else 0.0)  # what LP rounding left
-    assert (BUDGET_FREE_EXTRA in b.extra) == (0.0 < fill and n < budget_ops and BICPA_COST * n <= left)
+    assert (BUDGET_FREE_EXTRA in b.extra) == (0.0 < fill and n < budget_ops and BICPA_COST * n <= budget_ops - n)
     bigger = search_budget(n + 1, gpu, refine, fill, budget_ops)
     if bigger.extra == b.extra:
         assert bigger.steps <= b.steps  # a bigger graph never gets more search
@@ -56,8 +55,8 @@ def test_large_baselines_adds_candidates_only_to_large_graphs_without_gpus(n, gp
 
 
 def test_bicpa_joins_small_graphs_on_top_of_their_local_search_steps(monkeypatch):
-    """The free extra changes no graph's steps, only adds biCPA where its cost fits what LP
-    rounding left, and never to a graph at or above the budget graph's size."""
+    """The free extra changes no graph's steps and no other candidate, only adds biCPA where its
+    cost fits the spare budget, and never to a graph at or above the budget graph's size."""
     from opsched.policies import budget
 
     shipped = {(n, gpu): search_budget(n, gpu, 10, 0.7, 200) for n in range(1, 260) for gpu in (False, True)}
@@ -66,12 +65,9 @@ def test_bicpa_joins_small_graphs_on_top_of_their_local_search_steps(monkeypatch
         without = search_budget(n, gpu, 10, 0.7, 200)
         assert b.steps == without.steps
         assert b.extra in (without.extra, (*without.extra, "bicpa"))
-        # without GPUs LP rounding (0.5 units per op) fits up to 133 ops and leaves room for biCPA (0.2) up
-        # to 117; with them LP rounding (3) fits up to 50 and leaves room up to 47; alone, biCPA fits up to 166
-        fits = n <= 117 or 134 <= n <= 166 if not gpu else n <= 47 or 51 <= n <= 166
-        assert ("bicpa" in b.extra) == fits
-    assert "bicpa" in shipped[80, False].extra and "lp-rounding" in shipped[80, False].extra
-    assert shipped[120, False].extra == ("lp-rounding",)  # LP rounding leaves 20 op units, biCPA costs 24
+        assert ("bicpa" in b.extra) == (n <= 166)  # 0.2 units per op within the 200 - n spare
+    assert shipped[120, False].extra == ("lp-rounding", "bicpa")  # LP rounding's 60 units do not count
+    assert shipped[120, True].extra == ("bicpa",)  # LP rounding with GPUs (3 units per op) does not fit
 
 
 def test_bad_budget_input_is_refused():
