@@ -2,8 +2,8 @@
 
 The shipped budget (:mod:`opsched.policies.budget`) adds biCPA
 (:data:`~opsched.policies.budget.BUDGET_FREE_EXTRA`) to a graph below the
-budget graph's size where its cost fits what LP rounding left, on top of the
-local-search steps rather than paid for with them; its plan joins the
+budget graph's size where its cost fits the spare budget, on top of LP
+rounding and the local-search steps rather than paid for with them; its plan joins the
 budget hint too (:func:`~opsched.policies.budget.hint_extra`).  This
 benchmark plans the selection sets of ``python -m opsched.benchmarks.rejected
 --what bicpa`` (the validation split's graphs of at most 128 ops, the hard
@@ -49,38 +49,24 @@ def free_extra(on: bool) -> Iterator[None]:
 
 def run(policy: Any, seeds: Sequence[int], quick: bool = False) -> dict[str, Any]:
     """Per pair and plan seed, each variant's default and greedy makespan over the best baseline's."""
-    from opsched.benchmarks.rejected import bicpa_pairs
-    from opsched.engine.sim import Simulator
-    from opsched.policies.hints import clear_cache, heuristic_plans
-    from opsched.policies.registry import BASELINE, names
-    from opsched.specs import load_graph, load_machine
+    from opsched.benchmarks.rejected import bicpa_set_pairs
+    from opsched.policies.hints import clear_cache
 
     rows = []
-    for set_name, pairs in bicpa_pairs().items():
-        kept = 0
-        for gspec, mspec in pairs:
-            g, m = load_graph(gspec), load_machine(mspec)
-            if len(g.ops) > policy.max_nodes or (quick and kept == 2):
-                continue
-            kept += 1
-            every = heuristic_plans(g, m, None, names(BASELINE))
-            best = min(span for _, span in every.values())
-            sim = Simulator(m)
-            row: dict[str, Any] = {"set": set_name, "graph": gspec, "machine": mspec, "ops": len(g.ops),
-                                   "gpus": len(m.gpus), "best_heuristic": min(every, key=lambda k: every[k][1])}
-            for k, seed in enumerate(seeds):
-                for tag in (VARIANTS if k % 2 == 0 else VARIANTS[::-1]):
-                    with free_extra(tag == "shipped"):
-                        clear_cache()
-                        t0 = time.process_time()
-                        plan = policy.plan(g, m, seed=seed)
-                        row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
-                        row.setdefault(f"{tag}_default", []).append(sim.makespan(g, plan) / best)
-                        if k == 0:  # the greedy decoding does not depend on the plan seed
-                            greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
-                            row[f"{tag}_greedy"] = sim.makespan(g, greedy) / best
-                            row[f"{tag}_bicpa"] = "heuristic:bicpa" in plan.meta["candidates"]
-            rows.append(row)
+    for g, m, sim, best, row in bicpa_set_pairs(policy, quick):
+        for k, seed in enumerate(seeds):
+            for tag in (VARIANTS if k % 2 == 0 else VARIANTS[::-1]):
+                with free_extra(tag == "shipped"):
+                    clear_cache()
+                    t0 = time.process_time()
+                    plan = policy.plan(g, m, seed=seed)
+                    row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
+                    row.setdefault(f"{tag}_default", []).append(sim.makespan(g, plan) / best)
+                    if k == 0:  # the greedy decoding does not depend on the plan seed
+                        greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
+                        row[f"{tag}_greedy"] = sim.makespan(g, greedy) / best
+                        row[f"{tag}_bicpa"] = "heuristic:bicpa" in plan.meta["candidates"]
+        rows.append(row)
     clear_cache()
     return {"seeds": list(seeds), "rows": rows, "summary": summarise(rows, len(seeds))}
 

@@ -141,16 +141,15 @@ def bicpa_pairs() -> dict[str, list[tuple[str, str]]]:
     return sets
 
 
-def run_bicpa(policy: Any, quick: bool = False) -> dict[str, Any]:
-    """The ``bicpa`` experiment: per pair, shipped and variant, the default search's and
-    the greedy decoding's makespan over the best baseline, and CPU ms per default plan
-    (the two interleaved, each timed twice, the heuristics' cache cleared first)."""
+def bicpa_set_pairs(policy: Any, quick: bool = False) -> Iterator[tuple[Any, Any, Any, float, dict[str, Any]]]:
+    """The :func:`bicpa_pairs` the policy plans without coarsening (two per set when
+    ``quick``), each as (graph, machine, simulator, the best baseline's makespan, the
+    row to fill: set, graph, machine, ops, GPUs and the best baseline's name)."""
     from opsched.engine.sim import Simulator
-    from opsched.policies.hints import clear_cache, heuristic_plans
+    from opsched.policies.hints import heuristic_plans
     from opsched.policies.registry import BASELINE, names
     from opsched.specs import load_graph, load_machine
 
-    rows = []
     for set_name, pairs in bicpa_pairs().items():
         kept = 0
         for gspec, mspec in pairs:
@@ -160,22 +159,32 @@ def run_bicpa(policy: Any, quick: bool = False) -> dict[str, Any]:
             kept += 1
             every = heuristic_plans(g, m, None, names(BASELINE))
             best = min(span for _, span in every.values())
-            sim = Simulator(m)
-            row: dict[str, Any] = {"set": set_name, "graph": gspec, "machine": mspec, "ops": len(g.ops),
-                                   "gpus": len(m.gpus), "best_heuristic": min(every, key=lambda k: every[k][1])}
-            for rep in range(2):
-                for tag in (("shipped", "bicpa") if rep == 0 else ("bicpa", "shipped")):
-                    with bicpa_variant(tag == "bicpa"):
-                        clear_cache()
-                        t0 = time.process_time()
-                        plan = policy.plan(g, m)
-                        row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
-                        if rep == 0:
-                            greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
-                            row[f"{tag}_default"] = sim.makespan(g, plan) / best
-                            row[f"{tag}_greedy"] = sim.makespan(g, greedy) / best
-                            row[f"{tag}_hint"] = greedy.meta.get("hint")
-            rows.append(row)
+            yield g, m, Simulator(m), best, {"set": set_name, "graph": gspec, "machine": mspec, "ops": len(g.ops),
+                                             "gpus": len(m.gpus),
+                                             "best_heuristic": min(every, key=lambda k: every[k][1])}
+
+
+def run_bicpa(policy: Any, quick: bool = False) -> dict[str, Any]:
+    """The ``bicpa`` experiment: per pair, shipped and variant, the default search's and
+    the greedy decoding's makespan over the best baseline, and CPU ms per default plan
+    (the two interleaved, each timed twice, the heuristics' cache cleared first)."""
+    from opsched.policies.hints import clear_cache
+
+    rows = []
+    for g, m, sim, best, row in bicpa_set_pairs(policy, quick):
+        for rep in range(2):
+            for tag in (("shipped", "bicpa") if rep == 0 else ("bicpa", "shipped")):
+                with bicpa_variant(tag == "bicpa"):
+                    clear_cache()
+                    t0 = time.process_time()
+                    plan = policy.plan(g, m)
+                    row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
+                    if rep == 0:
+                        greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
+                        row[f"{tag}_default"] = sim.makespan(g, plan) / best
+                        row[f"{tag}_greedy"] = sim.makespan(g, greedy) / best
+                        row[f"{tag}_hint"] = greedy.meta.get("hint")
+        rows.append(row)
     clear_cache()
     summary = {}
     for set_name in dict.fromkeys(r["set"] for r in rows):
