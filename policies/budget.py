@@ -16,7 +16,7 @@ make the plan depend on the load):
    (with GPUs: one LP per placement) the base cost per op, counted as 0.5 x and
    3 x) becomes a candidate when its cost fits in the spare budget;
 2. a share ``fill`` of what is left buys more local-search steps (each costs
-   about 0.005 x the base cost per op with the compiled replay: one replay of
+   about 0.002 x the base cost per op with the compiled replay: one replay of
    the slot plan);
 3. **biCPA** (:data:`BUDGET_FREE_EXTRA`) becomes a candidate where its cost
    fits the spare budget, on top of LP rounding and the steps, not paid for
@@ -44,6 +44,21 @@ fill 0.7, validation 1.0009 -> 0.9892 (seed spread 0.9991-1.0020 ->
 25-op graph 34 -> 65 ms (median case), every size below the 200-op graph's
 94-105 ms.  Fill 1 would gain another 0.4% (0.9856) but plans 25-op graphs
 in 87 ms, at the 200-op graph's time, so ``fill`` stays 0.7.
+Then the replay took one compiled call per step (a slot plan read as it
+is, the holds merged by compiled code and kept per hold set, busy cores
+priced in the compiled loop): a step costs 2.2-3.2x less (min of 7 runs of
+500 steps, interleaved with the code before: 89 -> 33 us on an 80-op graph,
+47 -> 21 us on 25 ops, 175 -> 56 us on 120 ops with GPUs; 850 -> 44 us on
+the busy-cores machine, whose replays took the general loop before), median
+0.0012-0.0015 units, so :data:`STEP_COST` went from 0.005 to 0.002, the
+margin over the median as before.  On the selection sets (``python -m
+opsched.benchmarks.step_cost --costs 0.005,0.002,0.0015 --seeds 3``,
+docs/bench/step_cost.md; three plan seeds, mean of their geometric means):
+validation 0.9864 -> 0.9744, the hard training pairs 0.9628 -> 0.9422, the
+training split's synthetic graphs 0.9647 -> 0.9533, no (pair, seed) case
+worse (more steps from the same seed only go further); median planning
++12-18 ms on those graphs (0.0015 would gain another 0.2-0.8% for another
+7-9 ms).
 Graphs at or above ``budget_ops`` get exactly
 ``refine`` steps and no extra candidate: the budget is theirs already.  So do
 graphs the policy coarsens (more ops than its ``max_nodes``, 128 for the
@@ -116,7 +131,7 @@ from dataclasses import dataclass
 #: Planning cost of LP rounding per op, in op units, on a machine without / with GPUs.
 LP_COST: dict[bool, float] = {False: 0.5, True: 3.0}
 #: Planning cost of one local-search step per op, in op units.
-STEP_COST = 0.005
+STEP_COST = 0.002
 #: No graph gets more local-search steps than this (a 5-op graph would otherwise get thousands).
 MAX_STEPS = 2000
 #: The default search's budget graph (``budget_ops``) and the share of spare planning time it

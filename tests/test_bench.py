@@ -728,3 +728,26 @@ def test_budget_free_writes_both_variants_and_puts_the_shipped_budget_back(tmp_p
         assert len(r["shipped_default"]) == len(r["without_default"]) == 1
         assert r["shipped_bicpa"] == ("bicpa" in budget.search_budget(r["ops"], r["gpus"] > 0, 10, 0.7, 200).extra)
     assert "| validation |" in (tmp_path / "budget_free.md").read_text()
+
+
+def test_step_cost_plans_at_each_price_and_puts_the_shipped_price_back(tmp_path: Path) -> None:
+    """``python -m opsched.benchmarks.step_cost``: per pair and price the default search's makespan
+    and steps (a cheaper step buys more of them, from the same seed, so never a worse plan), its
+    files, and the shipped price after."""
+    import json
+
+    from opsched.benchmarks import step_cost
+    from opsched.policies import budget
+
+    shipped = budget.STEP_COST
+    assert step_cost.main(["--quick", "--seeds", "1", "--costs", "0.005,0.002", "--out", str(tmp_path)]) == 0
+    assert budget.STEP_COST == shipped
+    res = json.loads((tmp_path / "step_cost.json").read_text())
+    assert {r["set"] for r in res["rows"]} == {"validation", "hard (training pairs)", "training synthetic"}
+    for r in res["rows"]:
+        assert r["c0.002_steps"] >= r["c0.005_steps"] >= 10
+        assert r["c0.002_default"][0] <= r["c0.005_default"][0] * (1 + 1e-9)
+    assert any(r["c0.002_steps"] > r["c0.005_steps"] for r in res["rows"])
+    assert "| validation |" in (tmp_path / "step_cost.md").read_text()
+    with pytest.raises(SystemExit):
+        step_cost.main(["--costs", "0.005,abc", "--out", str(tmp_path)])

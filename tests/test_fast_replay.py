@@ -19,7 +19,14 @@ from opsched.errors import ExecutionError
 from opsched.machine import get_machine
 from opsched.synthetic import generate
 
-MACHINES = ("knl-68", "xeon-8180-2s", "dgx1-4v100", "2x2080ti", "cpu:4:50:30", "cpu:4:50:10000")
+MACHINES = ("knl-68", "xeon-8180-2s", "dgx1-4v100", "2x2080ti", "cpu:4:50:30", "cpu:4:50:10000", "hard:busy:922",
+            "hard:busy:923")
+
+
+def _machine(name: str):
+    from opsched.specs import load_machine
+
+    return load_machine(name) if name.startswith("hard:") else get_machine(name)
 
 
 def _both(s, dev, thr, prio, after, noise=None):
@@ -48,8 +55,9 @@ def _random_plan(s, rng, holds: float, off_level: float):
            else int(s.levels[d][int(rng.integers(len(s.levels[d])))]) for d in dev]
     prio = [float(rng.integers(0, max(2, s.n // 2))) for _ in range(s.n)]  # ties: graph order decides
     after = None
-    if holds:
-        after = [tuple(int(x) for x in rng.integers(0, s.n, int(rng.random() < holds))) for _ in range(s.n)]
+    if holds:  # now and then several holds on one op, repeats, itself and its predecessors among them
+        after = [tuple(int(x) for x in rng.integers(0, s.n, int(rng.random() < holds) * int(rng.integers(1, 4))))
+                 for _ in range(s.n)]
     return dev, thr, prio, after
 
 
@@ -58,7 +66,7 @@ def _random_plan(s, rng, holds: float, off_level: float):
        seed=st.integers(0, 10_000), machine=st.sampled_from(MACHINES), holds=st.sampled_from((0.0, 0.15)),
        off_level=st.sampled_from((0.0, 0.2)), noisy=st.booleans())
 def test_fused_makespan_is_the_general_replays_bit_for_bit(family, n_ops, seed, machine, holds, off_level, noisy):
-    s = prepare(generate(family, n_ops, seed), get_machine(machine))
+    s = prepare(generate(family, n_ops, seed), _machine(machine))
     assert supports(s)
     rng = np.random.default_rng(seed)
     dev, thr, prio, after = _random_plan(s, rng, holds, off_level)
@@ -98,17 +106,54 @@ def test_the_heuristics_plans_score_the_same_on_the_coarse_episode():
         assert makespan(data, sp) == general
 
 
-@pytest.mark.parametrize("why", ["runtime model", "busy cores", "another interference law"])
+def test_busy_cores_are_priced_and_slow_the_run():
+    """A machine with busy cores (other work on them) takes the fused loop, which must
+    price the busy share: the same plan runs slower there than on the idle machine."""
+    from dataclasses import replace
+
+    from opsched.hard import hard_machine
+
+    m = hard_machine("busy", 922)
+    assert any(d.busy_cores for d in m.devices)
+    idle = replace(m, devices=tuple(replace(d, busy_cores=0) for d in m.devices))
+    g = generate("layered", 40, 2)
+    busy_s, idle_s = prepare(g, m), prepare(g, idle)
+    assert supports(busy_s)
+    cpu = next(i for i, d in enumerate(m.devices) if not d.is_gpu)
+    dev, thr = [cpu] * busy_s.n, [int(busy_s.levels[cpu][-1])] * busy_s.n
+    prio = [0.0] * busy_s.n
+    general, fused = _both(busy_s, dev, thr, prio, None)
+    assert general == fused
+    assert fused > replay_makespan(idle_s, dev, thr, prio, None)
+
+
+def test_holds_on_itself_a_predecessor_or_twice_add_nothing():
+    """What the compiled hold merge skips, as the general dispatch does."""
+    g = generate("layered", 12, 4)
+    s = prepare(g, get_machine("cpu:4:50:10000"))
+    i = next(k for k in range(s.n) if s.preds[k])
+    dev, thr, prio = [0] * s.n, [1] * s.n, [float(s.n - k) for k in range(s.n)]
+    base = replay_makespan(s, dev, thr, prio, None)
+    after = [()] * s.n
+    after[i] = (i, s.preds[i][0], s.preds[i][0])
+    general, fused = _both(s, dev, thr, prio, after)
+    assert general == fused == base
+    late = max(range(s.n), key=lambda k: -prio[k])  # the last op in the dispatch order
+    after = [()] * s.n
+    first = next(k for k in range(s.n) if not s.preds[k] and k != late)
+    after[first] = (late, late)
+    general, fused = _both(s, dev, thr, prio, after)
+    assert general == fused
+
+
+@pytest.mark.parametrize("why", ["runtime model", "another interference law"])
 def test_what_the_fused_loop_does_not_price_takes_the_general_replay(why):
     from opsched.engine.models.ort_runtime import OrtRuntime
     from opsched.engine.models.runtime import PlanningModel
-    from opsched.hard import hard_machine
 
     g = generate("erdos_renyi", 40, 5)
     if why == "runtime model":
         s = prepare(g, get_machine("cpu:4:50:30"), PlanningModel(AnalyticModel(), OrtRuntime(handoff_s=20e-6)))
-    elif why == "busy cores":
-        s = prepare(g, hard_machine("busy", 922))
     else:
         class Harsher(AnalyticModel):
             def slowdown(self, device, demands):

@@ -142,6 +142,32 @@ def test_best_known_is_the_fastest_candidate_and_above_the_bound():
     assert best.gap >= 1 - 1e-9
 
 
+def test_local_search_starts_from_the_best_cpsat_and_learned_plans(monkeypatch):
+    """The ceiling's iterated local search runs from the best plan so far and from
+    CP-SAT's and the learned policy's, so a CP-SAT run that stops short of the
+    learned plan does not leave the best known plan at the learned one."""
+    import opsched.ceiling as C
+    from opsched.engine.bounds import CpSatResult
+
+    g, m = generate("layered", 12, 3), load_machine("xeon-8180-2s")
+    cp_plan = get_policy("sequential").plan(g, m)  # slower than the learned plan: not the best so far
+    cp_span = SimBackend(m).run(g, cp_plan).makespan
+    monkeypatch.setattr("opsched.engine.bounds.cpsat_schedule",
+                        lambda *a, **k: CpSatResult(cp_plan, cp_span, cp_span, 0.0, False, "FEASIBLE", 0.0, 1e-6))
+    starts = []
+    real = C.iterated_local_search
+
+    def spy(graph, machine, model, start, steps, seed=0):
+        starts.append(start)
+        return real(graph, machine, model, start, steps, seed)
+
+    monkeypatch.setattr(C, "iterated_local_search", spy)
+    best = best_known(g, m, policies=["sequential", "cpa"], cpsat_s=1, search_trials=0, local_steps=30)
+    assert best.candidates["cpsat"] > min(best.candidates["learned"], best.candidates["heuristic:cpa"])
+    assert any(x is cp_plan for x in starts) and len(starts) >= 2  # CP-SAT's, the learned (or best) one
+    assert best.candidates["local-search"] <= min(v for k, v in best.candidates.items() if k != "local-search")
+
+
 def test_best_known_without_the_expensive_methods():
     g, m = chain(4), Machine("c8", (Device("cpu", "cpu", 8, 50.0, 1e4, 64.0),))
     best = best_known(g, m, policies=["sequential", "cpa"], learned=False, cpsat_s=0, search_trials=0,

@@ -95,7 +95,7 @@ Python lists and a heap (numpy scalar access costs more than list indexing at
 this granularity), and nothing in it scans the whole graph.  Planners and
 local search, which read nothing of a replay but its makespan, call
 :func:`replay_makespan`: where the run has nothing but the analytic law to
-price (no runtime model, no busy cores) it takes the loop of
+price (no runtime model; busy cores included) it takes the loop of
 :mod:`opsched.engine.fast_replay`, the same event loop over arrays with no
 trace, memory or core bookkeeping, compiled by numba, whose makespan is this
 loop's bit for bit (a 200-op replay in 80-150 us instead of 1.5-1.8 ms;
@@ -875,8 +875,8 @@ def replay_makespan(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence
                     after: list[tuple[int, ...]] | None, noise: Sequence[float] | None = None) -> float:
     """The makespan of :func:`replay_lists` (the same float), without the state:
     by :func:`opsched.engine.fast_replay.fast_makespan`'s compiled loop where it
-    prices the run (no runtime model, the analytic interference law, no busy
-    cores) and numba is there, by the general replay elsewhere.  What planners and local search
+    prices the run (no runtime model, the analytic interference law; busy
+    cores included) and numba is there, by the general replay elsewhere.  What planners and local search
     call, since they read nothing but the makespan."""
     if supports_fast(s) and fast_available():
         return fast_makespan(s, dev, thr, prio, after, noise)
