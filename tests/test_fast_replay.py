@@ -187,3 +187,33 @@ def test_the_loop_is_compiled_and_its_cache_stays_out_of_the_checkout():
     assert not list(source.glob("fast_replay._loop*")), "numba wrote its cache next to the source"
     if not os.environ.get("NUMBA_CACHE_DIR"):
         assert list((root() / "numba").rglob("fast_replay._loop*"))
+
+
+@pytest.mark.parametrize("machine", ["dgx1-4v100", "hard:busy:922", "cpu:4:50:30"])
+def test_a_slot_plan_scores_the_same_on_both_replays(machine, monkeypatch):
+    """``replay_slot_makespan`` (what local search calls): the compiled path reads the slot
+    plan as it is, the general one gets per-op lists; one gate switches both."""
+    import opsched.engine.sim as sim
+
+    s = prepare(generate("erdos_renyi", 30, 7), _machine(machine))
+    rng = np.random.default_rng(3)
+    plans = []
+    for _ in range(6):
+        device = [int(rng.integers(s.n_dev)) for _ in range(s.n)]
+        level = [int(rng.integers(len(s.levels[d]))) for d in device]
+        rank = [int(x) for x in rng.permutation(s.n)]
+        after = [tuple(int(x) for x in rng.integers(0, s.n, int(rng.random() < 0.2))) for _ in range(s.n)]
+        plans.append((device, level, rank, after))
+    def scores() -> list[float | str]:
+        out: list[float | str] = []
+        for p in plans:
+            try:
+                out.append(sim.replay_slot_makespan(s, *p))
+            except ExecutionError:  # random holds may wait on each other both ways
+                out.append("stall")
+        return out
+
+    fast = scores()
+    monkeypatch.setattr(sim, "supports_fast", lambda _s: False)
+    general = scores()
+    assert fast == general and any(x != "stall" for x in fast)

@@ -28,10 +28,12 @@ general replay, 0.8 ms on a 100-op graph instead of 50 us.
 times of its cross-device edges, its holds merged into the successor lists
 by :func:`_merge_holds`, compiled too) are made by whole-array numpy
 operations, and a slot plan (:func:`fast_slot_makespan`) is read as it is,
-without building per-op Python lists first: a local-search step on an
-80-op graph went from 87 to 47 us (the compiled loop itself: 11 us), which
-is what lets the planning budget buy more steps
-(:data:`opsched.policies.budget.STEP_COST`).
+without building per-op Python lists first, and the merged holds are kept
+per hold set (:data:`HOLD_CACHE`; local search changes them rarely): a
+local-search step on an 80-op graph went from 89 to 33 us (min of 7 runs of
+500 steps; the compiled loop itself takes about 11 us of it), which is what
+lets the planning budget buy more steps
+(:data:`opsched.policies.budget.STEP_COST`, docs/learning.md).
 
 **Compiled with numba** (a dependency; the exported scheduler's numpy-only
 contract is unchanged: without numba, or with ``OPSCHED_NO_JIT=1``,
@@ -172,7 +174,7 @@ def fast_makespan(s: Any, dev: list[int], thr: list[int], prio: Sequence[float],
 
 
 def fast_slot_makespan(s: Any, device: Sequence[int], level: Sequence[int], rank: Sequence[int],
-                       after: list[tuple[int, ...]]) -> float:
+                       after: Sequence[tuple[int, ...]]) -> float:
     """:func:`fast_makespan` of a slot plan (:class:`opsched.engine.slots.SlotPlan`'s
     device and thread-level indices, ranks and holds), read as it is: a slot's
     level index is its row of the time table, and its priority ``n - rank``."""
@@ -183,7 +185,7 @@ def fast_slot_makespan(s: Any, device: Sequence[int], level: Sequence[int], rank
     lv = np.asarray(level, np.int64)
     work, demand = _alone(a, dv, lv)
     return _run(s, a, dv, a.level_threads[dv, lv], float(s.n) - np.asarray(rank, np.float64), work, demand,
-                after, True)
+                after if any(after) else None, True)
 
 
 def _alone(a: _Arrays, dv: np.ndarray, lv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -197,7 +199,7 @@ HOLD_CACHE = 32
 
 
 def _run(s: Any, a: _Arrays, dv: np.ndarray, th: np.ndarray, prio: np.ndarray, work: np.ndarray,
-         demand: np.ndarray, after: list[tuple[int, ...]] | None, jit: bool) -> float:
+         demand: np.ndarray, after: Sequence[tuple[int, ...]] | None, jit: bool) -> float:
     """The loop on one plan's arrays: its dispatch order, cross-device transfer times and holds."""
     n = s.n
     order = np.argsort(-prio, kind="stable")  # ties keep graph order, as _order's sort
@@ -232,7 +234,7 @@ def _run(s: Any, a: _Arrays, dv: np.ndarray, th: np.ndarray, prio: np.ndarray, w
     return float(now)
 
 
-def _holds(a: _Arrays, after: list[tuple[int, ...]], jit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _holds(a: _Arrays, after: Sequence[tuple[int, ...]], jit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The successor lists and pending counts with ``after``'s holds merged in
     (:func:`_merge_holds`), kept for the last :data:`HOLD_CACHE` hold sets."""
     key: Any = None

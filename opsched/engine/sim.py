@@ -118,7 +118,7 @@ import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
 from opsched.engine.fast_replay import available as fast_available
-from opsched.engine.fast_replay import corun_rates, fast_makespan
+from opsched.engine.fast_replay import corun_rates, fast_makespan, fast_slot_makespan
 from opsched.engine.fast_replay import supports as supports_fast
 from opsched.engine.models.analytic import AnalyticModel
 from opsched.errors import ExecutionError, PlanError
@@ -881,6 +881,24 @@ def replay_makespan(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence
     if supports_fast(s) and fast_available():
         return fast_makespan(s, dev, thr, prio, after, noise)
     return float(replay_lists(s, dev, thr, prio, after, noise)[0].now)
+
+
+def replay_slot_makespan(s: SimStatic, device: Sequence[int], level: Sequence[int], rank: Sequence[int],
+                         after: Sequence[tuple[int, ...]]) -> float:
+    """:func:`replay_makespan` of a slot plan (:class:`opsched.engine.slots.SlotPlan`:
+    per op a device index, a thread-level index into ``s.levels``, a rank in the
+    dispatch order, the ops it waits for): the compiled replay reads it as it is
+    (:func:`opsched.engine.fast_replay.fast_slot_makespan`), the general one gets
+    the per-op lists (threads, priorities ``n - rank``) it reads.  The same gate
+    as :func:`replay_makespan`, so one switch turns both to the general replay."""
+    if supports_fast(s) and fast_available():
+        return fast_slot_makespan(s, device, level, rank, after)
+    levels = s.levels
+    dev = list(device)
+    thr = [int(levels[d][lv]) for d, lv in zip(dev, level, strict=True)]
+    prio = [float(s.n - r) for r in rank]  # the priorities a slot plan's Plan gets, without building it
+    holds = [tuple(a) for a in after] if any(after) else None
+    return float(replay_lists(s, dev, thr, prio, holds)[0].now)
 
 
 def replay_lists(s: SimStatic, dev: list[int], thr: list[int], prio: Sequence[float],

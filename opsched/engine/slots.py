@@ -35,10 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from opsched.engine.fast_replay import available as fast_available
-from opsched.engine.fast_replay import fast_slot_makespan
-from opsched.engine.fast_replay import supports as supports_fast
-from opsched.engine.sim import replay_makespan
+from opsched.engine.sim import replay_slot_makespan
 from opsched.errors import ExecutionError
 from opsched.plan import Assignment, Plan
 
@@ -206,21 +203,8 @@ def _assignments(data: Any, sp: SlotPlan) -> list[Assignment]:
 
 def makespan(data: Any, sp: SlotPlan) -> float:
     """``sp`` replayed in the simulator on the episode's (coarse) graph; also stored in ``sp.makespan``."""
-    s = data.static
-    if supports_fast(s) and fast_available():  # the compiled replay, fed the slot plan's own lists
-        try:
-            sp.makespan = fast_slot_makespan(s, sp.device, sp.level, sp.rank, sp.after)
-        except ExecutionError:
-            sp.makespan = float("inf")
-        return sp.makespan
-    n = data.n
-    levels = s.levels
-    dev = list(sp.device)
-    thr = [int(levels[d][lv]) for d, lv in zip(dev, sp.level, strict=True)]
-    prio = [float(n - r) for r in sp.rank]  # the priorities _assignments gives, without building the Plan
-    after = [tuple(a) for a in sp.after] if any(sp.after) else None
     try:
-        sp.makespan = replay_makespan(data.static, dev, thr, prio, after)
+        sp.makespan = replay_slot_makespan(data.static, sp.device, sp.level, sp.rank, sp.after)
     except ExecutionError:  # a projected plan whose holds cross coarse groups both ways: it would stall
         sp.makespan = float("inf")
     return sp.makespan
