@@ -751,3 +751,37 @@ def test_step_cost_plans_at_each_price_and_puts_the_shipped_price_back(tmp_path:
     assert "| validation |" in (tmp_path / "step_cost.md").read_text()
     with pytest.raises(SystemExit):
         step_cost.main(["--costs", "0.005,abc", "--out", str(tmp_path)])
+
+
+def test_the_corun_move_puts_two_independent_ops_side_by_side_at_half_width() -> None:
+    """``rejected --what moves``'s ``corun`` variant: two ops neither of which reaches the
+    other, on one device, both at the largest level of at most half its cores, dispatched
+    one right after the other without holds; the ranks stay a permutation."""
+    import numpy as np
+
+    from opsched.benchmarks.rejected import _corun_move, _independent
+    from opsched.engine.observe import prepare_episode
+    from opsched.engine.slots import from_plan
+    from opsched.machine import get_machine
+    from opsched.policies import get_policy
+    from opsched.synthetic import generate
+
+    g, m = generate("layered", 20, 2), get_machine("cpu:4:50:10000")
+    data = prepare_episode(g, m, None, 128, 1024)
+    sp = from_plan(data, get_policy("critical-path-first").plan(g, m), "cpf")
+    move = _corun_move(lambda *_: None)
+    rng = np.random.default_rng(0)
+    seen = 0
+    for _ in range(200):
+        out = move(data, sp, rng)
+        if out is None:
+            continue
+        seen += 1
+        assert sorted(out.rank) == list(range(data.n))
+        i, j = out.meta["corun"]
+        assert _independent(data)[i, j] and out.device[i] == out.device[j]
+        assert out.rank[j] == out.rank[i] + 1 and out.after[i] == out.after[j] == ()
+        assert data.static.levels[out.device[i]][out.level[i]] == 2 == data.static.levels[out.device[j]][out.level[j]]
+        moved = [k for k in range(data.n) if out.rank[k] != sp.rank[k] and k not in (i, j)]
+        assert all(out.rank[k] == sp.rank[k] + 1 for k in moved)  # the ops between shift down one
+    assert seen > 0
