@@ -23,6 +23,7 @@ Plan whose ``after`` chains replay each lane's order.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                   mean_comm: Mapping[tuple[int, int], float] | None = None,
                   insertion: bool = True, order: Sequence[int] | None = None,
                   wide: Sequence[bool] | np.ndarray | None = None, segment_cost: float = 0.0,
-                  assign: Sequence[int] | None = None, tolerance: float = 0.0) -> HeftSchedule:
+                  assign: Sequence[int] | None = None, tolerance: float = 0.0,
+                  edge_cost: np.ndarray | None = None, jit: bool = True) -> HeftSchedule:
     """Schedule tasks ``0..n-1`` on processors ``0..p-1`` with HEFT.
 
     ``comp[i, q]``: computation cost of task ``i`` on processor ``q``.
@@ -109,6 +111,14 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
     is more than one processor); ``assign[i]`` -- the processor task ``i``
     must take (no choice); ``tolerance`` -- a processor replaces the best so
     far only when it finishes more than this much earlier.
+
+    ``edge_cost[k, a, b]`` (with ``edges`` and ``groups``): the cost of edge
+    ``edges[k]`` from device ``a`` to device ``b``, what ``transfer`` returns,
+    as a table; the processor selection then runs as one compiled loop
+    (:func:`_select`, numba; ``jit=False`` runs it as Python), the same
+    floats in the same order as the loop below, so the same schedule.
+    :class:`HeftPolicy` calls HEFT once per CPU executor split tried, and on a
+    machine with GPUs this loop was half of its time.
     """
     comp = np.asarray(comp, dtype=float)
     if comp.ndim != 2 or comp.shape[1] < 1:
@@ -121,7 +131,7 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
         if not (0 <= a < n and 0 <= b < n) or a == b:
             raise ValueError(f"edge ({a}, {b}) is not between two of the {n} tasks")
     for key, c in comm.items():
-        if not np.isfinite(c) or c < 0:
+        if not math.isfinite(c) or c < 0:
             raise ValueError(f"communication cost of edge {key} must be finite and >= 0, got {c}")
     pred: list[list[int]] = [[] for _ in range(n)]
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -152,6 +162,17 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
                               else np.asarray(wide, bool), float(segment_cost), assign, float(tolerance))
 
     n_groups = int(group.max()) + 1 if p else 0
+    if edge_cost is not None and edges is not None and n and p:
+        loop = _compiled_select() if jit else _select
+        if loop is not None:  # the same loop compiled: the same schedule, float for float (tested)
+            index = {(int(a), int(b)): k for k, (a, b) in enumerate(edges)}
+            pptr = np.zeros(n + 1, np.int64)
+            np.cumsum([len(x) for x in pred], out=pptr[1:])
+            pidx = np.array([j for x in pred for j in x], np.int64)
+            pedge = np.array([index[j, i] for i, x in enumerate(pred) for j in x], np.int64)
+            proc, start, finish = loop(np.asarray(order, np.int64), pptr, pidx, pedge, group.astype(np.int64),
+                                       n_groups, comp, np.asarray(edge_cost, np.float64), bool(insertion))
+            return HeftSchedule(proc.astype(int), start, finish, rank, order)
     # the hot loop on Python lists and floats (numpy scalar indexing costs more
     # than the arithmetic; the values and their order of operations are the same)
     costs: list[list[float]] = comp.tolist()
@@ -203,6 +224,89 @@ def heft_schedule(comp: np.ndarray, comm: Mapping[tuple[int, int], float],
         finishes[best_q].insert(best_k, best_f)
     return HeftSchedule(np.asarray(proc_l, dtype=int), np.asarray(start_l, dtype=float),
                         np.asarray(finish_l, dtype=float), rank, order)
+
+
+def _select(order: np.ndarray, pptr: np.ndarray, pidx: np.ndarray, pedge: np.ndarray, grp: np.ndarray,
+            n_groups: int, costs: np.ndarray, edge_cost: np.ndarray,
+            insertion: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """HEFT's processor selection (:func:`heft_schedule`'s loop) over arrays, numba-compilable:
+    per task in ``order`` the processor with the earliest finish time, inserted into the first
+    gap that fits when ``insertion``.  Predecessors in CSR (``pptr``, ``pidx``; ``pedge``: each
+    one's row of ``edge_cost``); each processor's intervals in start order, in rows of
+    ``starts`` / ``finishes``.  Returns (processor, start, finish) per task."""
+    n, p = costs.shape
+    proc = np.full(n, -1, np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    starts = np.empty((p, n))
+    finishes = np.empty((p, n))
+    count = np.zeros(p, np.int64)
+    drt = np.zeros(max(n_groups, 1))
+    inf = np.inf
+    for a in range(len(order)):
+        i = order[a]
+        for g in range(n_groups):  # data-ready time of task i on each device (group)
+            drt[g] = 0.0
+        for e in range(pptr[i], pptr[i + 1]):
+            j = pidx[e]
+            gj = grp[proc[j]]
+            fj = finish[j]
+            for g in range(n_groups):
+                t = fj if g == gj else fj + edge_cost[pedge[e], gj, g]
+                if t > drt[g]:
+                    drt[g] = t
+        best_q, best_s, best_f, best_k = -1, 0.0, inf, 0
+        for q in range(p):
+            w = costs[i, q]
+            ready = drt[grp[q]]
+            if ready + w >= best_f:
+                continue
+            m = count[q]
+            if m == 0 or finishes[q, m - 1] <= ready:
+                s, k = ready, m
+            elif insertion:
+                lo, hi = 0, m  # bisect_right(finishes[q, :m], ready)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if ready < finishes[q, mid]:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                k = lo
+                s = ready
+                while k < m:
+                    if s + w <= starts[q, k]:
+                        break
+                    s = finishes[q, k]
+                    k += 1
+            else:
+                s, k = finishes[q, m - 1], m
+            if s + w < best_f:
+                best_q, best_s, best_f, best_k = q, s, s + w, k
+        proc[i], start[i], finish[i] = best_q, best_s, best_f
+        m = count[best_q]
+        for t in range(m, best_k, -1):
+            starts[best_q, t] = starts[best_q, t - 1]
+            finishes[best_q, t] = finishes[best_q, t - 1]
+        starts[best_q, best_k] = best_s
+        finishes[best_q, best_k] = best_f
+        count[best_q] = m + 1
+    return proc, start, finish
+
+
+_SELECT: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+_SELECT_TRIED = False
+
+
+def _compiled_select() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """:func:`_select` compiled (once per process; None without numba or with ``OPSCHED_NO_JIT``)."""
+    global _SELECT, _SELECT_TRIED
+    if not _SELECT_TRIED:
+        from opsched.engine.fast_replay import compiled
+
+        _SELECT_TRIED = True
+        _SELECT = compiled(_select)
+    return _SELECT
 
 
 def _lane_schedule(comp: np.ndarray, pred: list[list[int]], order: tuple[int, ...], rank: np.ndarray,
@@ -384,4 +488,4 @@ class HeftPolicy(Policy):
             return by_edge[i, j][a][b]
 
         return heft_schedule(comp, {e: 0.0 for e in edge_bytes}, list(edge_bytes), groups=groups,
-                             transfer=transfer, mean_comm=mean_comm, insertion=self.insertion)
+                             transfer=transfer, mean_comm=mean_comm, insertion=self.insertion, edge_cost=cost)

@@ -198,3 +198,38 @@ def test_heft_schedule_equals_the_textbook_selection(n, p, seed, insertion, ties
     proc, start, finish = _textbook_heft(comp, comm, s.order, insertion)
     assert s.proc.tolist() == proc
     assert s.start.tolist() == pytest.approx(start, abs=0) and s.finish.tolist() == pytest.approx(finish, abs=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 30), p=st.integers(1, 7), n_dev=st.integers(1, 3), seed=st.integers(0, 10_000),
+       insertion=st.booleans(), ties=st.booleans())
+def test_the_compiled_selection_is_the_python_loops_float_for_float(n, p, n_dev, seed, insertion, ties):
+    """``heft_schedule(..., edge_cost=)`` (the loop over arrays, compiled by numba where it is
+    installed, and the same source run as Python) gives the schedule of the loop on Python
+    lists with a ``transfer`` callback: the same processor, start and finish for every task."""
+    from opsched.engine.fast_replay import available
+
+    rng = np.random.default_rng(seed)
+    comp = rng.integers(1, 4, (n, p)).astype(float) if ties else rng.uniform(0.5, 5.0, (n, p))
+    edges = [(a, b) for b in range(n) for a in range(b) if rng.random() < 0.25]
+    groups = sorted(int(rng.integers(n_dev)) for _ in range(p))
+    cost = rng.integers(0, 3, (len(edges), n_dev, n_dev)).astype(float) if ties \
+        else rng.uniform(0, 3, (len(edges), n_dev, n_dev))
+    for d in range(n_dev):
+        cost[:, d, d] = 0.0
+    index = {e: k for k, e in enumerate(edges)}
+
+    def transfer(i, j, a, b):
+        return float(cost[index[i, j], a, b])
+
+    comm = dict.fromkeys(edges, 0.0)
+    mean = {e: float(cost[index[e]].mean()) for e in edges}
+    kw = {"groups": groups, "transfer": transfer, "mean_comm": mean, "insertion": insertion}
+    lists = heft_schedule(comp, comm, edges, **kw)
+    runs = [heft_schedule(comp, comm, edges, **kw, edge_cost=cost, jit=False)]
+    if available():  # numba is there: the compiled loop too
+        runs.append(heft_schedule(comp, comm, edges, **kw, edge_cost=cost))
+    for s in runs:
+        assert s.order == lists.order
+        assert s.proc.tolist() == lists.proc.tolist()
+        assert s.start.tolist() == lists.start.tolist() and s.finish.tolist() == lists.finish.tolist()

@@ -550,6 +550,13 @@ def _compiled_merge() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]
     return _MERGE
 
 
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """``fn`` compiled by numba as the loop is (cached under opsched's cache; None
+    without numba or with ``OPSCHED_NO_JIT`` set), for other hot loops of the
+    planners (:mod:`opsched.policies.heft`)."""
+    return _compile(fn)
+
+
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     if os.environ.get(NO_JIT_ENV, "") not in ("", "0"):
         return None
@@ -573,4 +580,4 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
         setattr(config, "CACHE_DIR", saved)  # noqa: B010
 
 
-__all__ = ["NO_JIT_ENV", "available", "corun_rates", "fast_makespan", "fast_slot_makespan", "supports"]
+__all__ = ["NO_JIT_ENV", "available", "compiled", "corun_rates", "fast_makespan", "fast_slot_makespan", "supports"]
