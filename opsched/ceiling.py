@@ -16,7 +16,7 @@ fastest in the simulator under the planning model:
   perturbed copies (iterated local search), from each of the best plan
   found, CP-SAT's and the learned policy's.  One start only (the best so
   far) made the ceiling hang on CP-SAT's luck within its time limit: on the
-  hard families' fork_join:26 CP-SAT's plan was 2% slower than the learned
+  hard families' fork_join:26 CP-SAT's plan was 4% slower than the learned
   one in one run and 2% faster in another, and local search from CP-SAT's
   plan reached 0.88x the learned plan where from the learned plan it found
   nothing better.
