@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from opsched.engine.contracts import PerfModel, TimeTable
+from opsched.engine.fast_replay import lazily_compiled
 from opsched.graph import OpGraph, kahn_order
 from opsched.lru import IdentityLRU
 from opsched.machine import Machine
@@ -294,19 +295,8 @@ def _select(order: np.ndarray, pptr: np.ndarray, pidx: np.ndarray, pedge: np.nda
     return proc, start, finish
 
 
-_SELECT: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-_SELECT_TRIED = False
-
-
-def _compiled_select() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
-    """:func:`_select` compiled (once per process; None without numba or with ``OPSCHED_NO_JIT``)."""
-    global _SELECT, _SELECT_TRIED
-    if not _SELECT_TRIED:
-        from opsched.engine.fast_replay import compiled
-
-        _SELECT_TRIED = True
-        _SELECT = compiled(_select)
-    return _SELECT
+#: :func:`_select` compiled (once per process; None without numba or with ``OPSCHED_NO_JIT``).
+_compiled_select = lazily_compiled(_select)
 
 
 def _lane_schedule(comp: np.ndarray, pred: list[list[int]], order: tuple[int, ...], rank: np.ndarray,

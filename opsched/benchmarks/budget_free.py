@@ -49,6 +49,7 @@ def free_extra(on: bool) -> Iterator[None]:
 
 def run(policy: Any, seeds: Sequence[int], quick: bool = False) -> dict[str, Any]:
     """Per pair and plan seed, each variant's default and greedy makespan over the best baseline's."""
+    from opsched.benchmarks.harness import timed_plan
     from opsched.benchmarks.rejected import bicpa_set_pairs
     from opsched.policies.hints import clear_cache
 
@@ -57,10 +58,7 @@ def run(policy: Any, seeds: Sequence[int], quick: bool = False) -> dict[str, Any
         for k, seed in enumerate(seeds):
             for tag in (VARIANTS if k % 2 == 0 else VARIANTS[::-1]):
                 with free_extra(tag == "shipped"):
-                    clear_cache()
-                    t0 = time.process_time()
-                    plan = policy.plan(g, m, seed=seed)
-                    row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
+                    plan = timed_plan(policy, g, m, row, tag, seed=seed)
                     row.setdefault(f"{tag}_default", []).append(sim.makespan(g, plan) / best)
                     if k == 0:  # the greedy decoding does not depend on the plan seed
                         greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)

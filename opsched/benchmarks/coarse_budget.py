@@ -89,7 +89,7 @@ def pairs(quick: bool = False) -> list[tuple[str, str]]:
 
 def run(policy: Any, quick: bool = False) -> dict[str, Any]:
     """Every pair under every rule (see the module docstring)."""
-    from opsched.benchmarks.harness import one_core
+    from opsched.benchmarks.harness import one_core, score_with_greedy, timed_plan
     from opsched.engine.sim import Simulator
     from opsched.policies.hints import clear_cache, heuristic_plans
     from opsched.policies.registry import BASELINE, names
@@ -108,15 +108,9 @@ def run(policy: Any, quick: bool = False) -> dict[str, Any]:
             for rep in range(2):
                 for name in (order if rep == 0 else order[::-1]):
                     with rule(name):
-                        clear_cache()
-                        t0 = time.process_time()
-                        plan = policy.plan(g, m)
-                        row.setdefault(f"{name}_ms", []).append(1e3 * (time.process_time() - t0))
+                        plan = timed_plan(policy, g, m, row, name)
                         if rep == 0:
-                            greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
-                            row[f"{name}_default"] = sim.makespan(g, plan) / best
-                            row[f"{name}_greedy"] = sim.makespan(g, greedy) / best
-                            row[f"{name}_hint"] = greedy.meta.get("hint")
+                            score_with_greedy(policy, g, m, sim, best, row, name, plan)
                             row[f"{name}_steps"] = plan.meta["refine_steps"]
             rows.append(row)
             print(f"{gspec} on {mspec}: " + ", ".join(f"{k} {row[f'{k}_default']:.4f}" for k in RULES), flush=True)

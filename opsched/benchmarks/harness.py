@@ -120,6 +120,30 @@ def one_core() -> Iterator[str]:
                 os.sched_setaffinity(0, affinity)
 
 
+def timed_plan(policy: Any, graph: Any, machine: Any, row: dict[str, Any], tag: str, **options: Any) -> Any:
+    """``policy.plan(graph, machine, **options)`` from a cleared heuristics' cache, its CPU
+    ms appended to ``row[f"{tag}_ms"]``: how the planning benchmarks that compare search
+    variants on the same pairs (budget_free, coarse_budget, rejected, step_cost) time a plan."""
+    from opsched.policies.hints import clear_cache
+
+    clear_cache()
+    t0 = time.process_time()
+    plan = policy.plan(graph, machine, **options)
+    row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
+    return plan
+
+
+def score_with_greedy(policy: Any, graph: Any, machine: Any, sim: Any, best: float, row: dict[str, Any], tag: str,
+                      plan: Any) -> None:
+    """``row[f"{tag}_default"]`` and ``row[f"{tag}_greedy"]``: ``plan``'s and the policy's greedy
+    decoding's makespans over ``best``, and ``row[f"{tag}_hint"]`` the hint the decoding
+    followed (call it inside the variant being measured: the hint may depend on it)."""
+    greedy = policy.plan(graph, machine, samples=0, candidates=(), refine=0)
+    row[f"{tag}_default"] = sim.makespan(graph, plan) / best
+    row[f"{tag}_greedy"] = sim.makespan(graph, greedy) / best
+    row[f"{tag}_hint"] = greedy.meta.get("hint")
+
+
 def doc_summary(doc: str | None, paragraph: bool = False) -> str:
     """A module docstring's first line (``paragraph``: first paragraph) for ``--help``;
     ``""`` without one (``python -OO`` strips docstrings: ``__doc__`` is None)."""

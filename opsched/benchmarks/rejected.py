@@ -171,6 +171,7 @@ def run_bicpa(policy: Any, quick: bool = False) -> dict[str, Any]:
     """The ``bicpa`` experiment: per pair, shipped and variant, the default search's and
     the greedy decoding's makespan over the best baseline, and CPU ms per default plan
     (the two interleaved, each timed twice, the heuristics' cache cleared first)."""
+    from opsched.benchmarks.harness import score_with_greedy, timed_plan
     from opsched.policies.hints import clear_cache
 
     rows = []
@@ -178,15 +179,9 @@ def run_bicpa(policy: Any, quick: bool = False) -> dict[str, Any]:
         for rep in range(2):
             for tag in (("shipped", "bicpa") if rep == 0 else ("bicpa", "shipped")):
                 with bicpa_variant(tag == "bicpa"):
-                    clear_cache()
-                    t0 = time.process_time()
-                    plan = policy.plan(g, m)
-                    row.setdefault(f"{tag}_ms", []).append(1e3 * (time.process_time() - t0))
+                    plan = timed_plan(policy, g, m, row, tag)
                     if rep == 0:
-                        greedy = policy.plan(g, m, samples=0, candidates=(), refine=0)
-                        row[f"{tag}_default"] = sim.makespan(g, plan) / best
-                        row[f"{tag}_greedy"] = sim.makespan(g, greedy) / best
-                        row[f"{tag}_hint"] = greedy.meta.get("hint")
+                        score_with_greedy(policy, g, m, sim, best, row, tag, plan)
         rows.append(row)
     clear_cache()
     summary = {}

@@ -50,8 +50,9 @@ def time_case(policy: Any, graph: Any, machine: Any, repeats: int,
     from opsched.backends.sim import SimBackend
     from opsched.policies.hints import clear_cache
 
-    gate, compiled, merge = sim.supports_fast, fast._compiled(), fast._compiled_merge()
-    setting = {"compiled": (gate, compiled, merge), "python": (gate, fast._loop, fast._merge_holds),
+    gate, compiled, merge = sim.supports_fast, fast._compiled, fast._compiled_merge
+    setting = {"compiled": (gate, compiled, merge),
+               "python": (gate, lambda: fast._loop, lambda: fast._merge_holds),
                "general": (lambda s: False, compiled, merge)}
     variants = tuple(variants)
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -60,7 +61,7 @@ def time_case(policy: Any, graph: Any, machine: Any, repeats: int,
         policy.plan(graph, machine)  # warm: time tables, the encoder
         for r in range(repeats):
             for name in (variants if r % 2 == 0 else variants[::-1]):
-                sim.supports_fast, fast._COMPILED, fast._MERGE = setting[name]
+                sim.supports_fast, fast._compiled, fast._compiled_merge = setting[name]
                 clear_cache()
                 t0 = time.process_time()
                 plan = policy.plan(graph, machine, seed=r)
@@ -69,7 +70,7 @@ def time_case(policy: Any, graph: Any, machine: Any, repeats: int,
                     sim.supports_fast = setting["general"][0]
                     spans[name] = float(SimBackend(machine).run(graph, plan).makespan)
     finally:
-        sim.supports_fast, fast._COMPILED, fast._MERGE = gate, compiled, merge
+        sim.supports_fast, fast._compiled, fast._compiled_merge = gate, compiled, merge
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     return {**{f"{k}_ms": v for k, v in med.items()}, **{f"{k}_ratio": v / med["general"] for k, v in med.items()},
             "ratio": med["compiled"] / med["general"], "same_plan": len(set(spans.values())) == 1}

@@ -40,6 +40,7 @@ def tag(cost: float) -> str:
 def run(policy: Any, costs: Sequence[float], seeds: Sequence[int], quick: bool = False) -> dict[str, Any]:
     """Per pair, plan seed and price: the default search's makespan over the best baseline's,
     its local-search steps and its CPU ms."""
+    from opsched.benchmarks.harness import timed_plan
     from opsched.benchmarks.rejected import bicpa_set_pairs, patched
     from opsched.policies import budget
     from opsched.policies.hints import clear_cache
@@ -49,10 +50,7 @@ def run(policy: Any, costs: Sequence[float], seeds: Sequence[int], quick: bool =
         for k, seed in enumerate(seeds):
             for cost in (costs if k % 2 == 0 else costs[::-1]):
                 with patched(budget, "STEP_COST", cost):
-                    clear_cache()
-                    t0 = time.process_time()
-                    plan = policy.plan(g, m, seed=seed)
-                    row.setdefault(f"{tag(cost)}_ms", []).append(1e3 * (time.process_time() - t0))
+                    plan = timed_plan(policy, g, m, row, tag(cost), seed=seed)
                     row.setdefault(f"{tag(cost)}_default", []).append(sim.makespan(g, plan) / best)
                     row[f"{tag(cost)}_steps"] = int(plan.meta["refine_steps"])
         rows.append(row)

@@ -53,6 +53,7 @@ times of its cross-device edges, its holds).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import os
@@ -185,7 +186,7 @@ def fast_slot_makespan(s: Any, device: Sequence[int], level: Sequence[int], rank
     lv = np.asarray(level, np.int64)
     work, demand = _alone(a, dv, lv)
     return _run(s, a, dv, a.level_threads[dv, lv], float(s.n) - np.asarray(rank, np.float64), work, demand,
-                after if any(after) else None, True)
+                after, True)
 
 
 def _alone(a: _Arrays, dv: np.ndarray, lv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -519,42 +520,23 @@ def _loop(n: int, n_dev: int, pptr: np.ndarray, pidx: np.ndarray, xt: np.ndarray
                     completed = True
 
 
-_COMPILED: Callable[..., tuple[float, int]] | None = None
-_TRIED = False
-_MERGE: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-_MERGE_TRIED = False
-
-
 def available() -> bool:
     """Whether the compiled loop is there (numba installed, ``OPSCHED_NO_JIT`` unset);
     compiles it (or loads it from the cache) on the first call."""
     return _compiled() is not None
 
 
-def _compiled() -> Callable[..., tuple[float, int]] | None:
-    """:func:`_loop` compiled by numba (once per process, cached on disk under
-    ``<opsched cache>/numba``), None without numba or with ``OPSCHED_NO_JIT`` set."""
-    global _COMPILED, _TRIED
-    if not _TRIED:
-        _TRIED = True
-        _COMPILED = _compile(_loop)
-    return _COMPILED
+def lazily_compiled(fn: Callable[..., Any]) -> Callable[[], Callable[..., Any] | None]:
+    """A getter of ``fn`` compiled by numba: compiled (or loaded from the cache on disk,
+    ``<opsched cache>/numba``) on the first call, once per process; None without numba
+    or with ``OPSCHED_NO_JIT`` set.  The replay's loops here and HEFT's processor
+    selection (:mod:`opsched.policies.heft`) are compiled through it."""
+    return functools.cache(lambda: _compile(fn))
 
 
-def _compiled_merge() -> Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
-    """:func:`_merge_holds` compiled, as :func:`_compiled` compiles the loop."""
-    global _MERGE, _MERGE_TRIED
-    if not _MERGE_TRIED:
-        _MERGE_TRIED = True
-        _MERGE = _compile(_merge_holds)
-    return _MERGE
-
-
-def compiled(fn: Callable[..., Any]) -> Callable[..., Any] | None:
-    """``fn`` compiled by numba as the loop is (cached under opsched's cache; None
-    without numba or with ``OPSCHED_NO_JIT`` set), for other hot loops of the
-    planners (:mod:`opsched.policies.heft`)."""
-    return _compile(fn)
+#: :func:`_loop` and :func:`_merge_holds` compiled (see :func:`lazily_compiled`).
+_compiled = lazily_compiled(_loop)
+_compiled_merge = lazily_compiled(_merge_holds)
 
 
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -580,4 +562,4 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any] | None:
         setattr(config, "CACHE_DIR", saved)  # noqa: B010
 
 
-__all__ = ["NO_JIT_ENV", "available", "compiled", "corun_rates", "fast_makespan", "fast_slot_makespan", "supports"]
+__all__ = ["NO_JIT_ENV", "available", "corun_rates", "fast_makespan", "fast_slot_makespan", "lazily_compiled", "supports"]
